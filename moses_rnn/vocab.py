@@ -1,0 +1,101 @@
+"""Word shortlists: the one vocabulary type used by the phrase scorer and the CSLM.
+
+A `Vocabulary` maps words to contiguous ids. Reserved symbols come first (their
+ids are fixed by the order the caller gives), then the most frequent words,
+ties broken by the word itself so the same counts always give the same ids.
+Words outside the shortlist map to the unknown symbol. On disk a vocabulary is
+plain UTF-8 text, one entry per line in id order: `word<TAB>count` (reserved
+symbols have count 0), so it can be read, diffed and checksummed by anyone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from typing import Iterable, Sequence
+
+UNK = "[UNK]"
+EOS = "</s>"
+BOS = "<s>"
+
+
+class Vocabulary:
+    def __init__(self, words: Sequence[str], counts: Sequence[int] | None = None, unk: str = UNK):
+        if len(set(words)) != len(words):
+            dup = next(w for w, c in Counter(words).items() if c > 1)
+            raise ValueError(f"vocabulary has a duplicate entry: {dup!r}")
+        if unk not in words:
+            raise ValueError(f"vocabulary lacks the unknown-word symbol {unk!r}")
+        self.words: list[str] = list(words)
+        self.counts: list[int] = list(counts) if counts is not None else [0] * len(words)
+        self.index: dict[str, int] = {w: i for i, w in enumerate(self.words)}
+        self.unk = unk
+        self.unk_id = self.index[unk]
+
+    # -- construction -------------------------------------------------------
+    @classmethod
+    def build(cls, counts: Counter, size: int, reserved: Sequence[str] = (EOS, UNK)) -> "Vocabulary":
+        """Shortlist of the `size` most frequent words, reserved symbols included in `size`."""
+        if size <= len(reserved):
+            raise ValueError(f"vocabulary size {size} leaves no room beside {len(reserved)} reserved symbols")
+        ranked = sorted((w for w in counts if w not in reserved), key=lambda w: (-counts[w], w))
+        kept = ranked[: size - len(reserved)]
+        return cls(list(reserved) + kept, [0] * len(reserved) + [counts[w] for w in kept])
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str], size: int, reserved: Sequence[str] = (EOS, UNK)) -> "Vocabulary":
+        counts: Counter = Counter()
+        for t in texts:
+            counts.update(t.split())
+        return cls.build(counts, size, reserved)
+
+    # -- lookup ------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.index
+
+    def id(self, word: str) -> int:
+        return self.index.get(word, self.unk_id)
+
+    def encode(self, words: Iterable[str]) -> list[int]:
+        get, unk = self.index.get, self.unk_id
+        return [get(w, unk) for w in words]
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        return [self.words[i] for i in ids]
+
+    def count_unknown(self, words: Iterable[str]) -> int:
+        index = self.index
+        return sum(1 for w in words if w not in index)
+
+    # -- persistence -------------------------------------------------------
+    def to_text(self) -> str:
+        return "".join(f"{w}\t{c}\n" for w, c in zip(self.words, self.counts))
+
+    def checksum(self) -> str:
+        """SHA-256 of the saved form: two processes agree on ids iff this matches."""
+        return hashlib.sha256(self.to_text().encode("utf-8")).hexdigest()
+
+    def save(self, path: str) -> None:
+        from .textio import atomic_output
+
+        with atomic_output(path, compress=False) as f:
+            f.write(self.to_text().encode("utf-8"))
+
+    @classmethod
+    def load(cls, path: str, unk: str = UNK) -> "Vocabulary":
+        words, counts = [], []
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip("\n")
+                word, sep, count = line.partition("\t")
+                if not sep or not word or not count.isdigit():
+                    raise ValueError(f"{path}:{lineno}: expected 'word<TAB>count', got {line!r}")
+                words.append(word)
+                counts.append(int(count))
+        return cls(words, counts, unk=unk)
+
+    def __repr__(self) -> str:
+        return f"Vocabulary({len(self)} words, unk={self.unk!r})"
