@@ -101,6 +101,11 @@ class DecoderContext(NamedTuple):
     def select(self, index: torch.Tensor) -> "DecoderContext":
         return DecoderContext(self.h0[index], self.Cc[index], self.Oc[index])
 
+    @classmethod
+    def cat(cls, parts: list["DecoderContext"]) -> "DecoderContext":
+        """Stack the contexts of several batches of source phrases, in order."""
+        return cls(*(torch.cat(p) for p in zip(*parts)))
+
 
 class Decoder(nn.Module):
     """Generates y_1..y_T conditioned on c (Appendix A.1.2)."""

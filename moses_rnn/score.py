@@ -82,7 +82,7 @@ class PhraseScorer:
         # rows of the stacked contexts are in `order`; map source index -> row
         row_of = np.empty(len(src_ids), dtype=np.int64)
         row_of[np.asarray(order)] = np.arange(len(order))
-        ctx = type(contexts[0])(*(torch.cat(parts) for parts in zip(*contexts)))
+        ctx = type(contexts[0]).cat(contexts)
 
         eos = self.eos
         tgt_ids = [self.tgt_vocab.encode(t.split()) + [eos] for _, t in pairs]

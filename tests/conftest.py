@@ -1,0 +1,45 @@
+"""Shared fixtures: the shipped example table, slices of ../shared/data, a tiny trained model."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+EXAMPLE_TABLE = ROOT / "moses_rnn" / "data" / "example.en-fr.phrase-table"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared/data is not beside the project")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def example_table() -> Path:
+    return EXAMPLE_TABLE
+
+
+@pytest.fixture(scope="session")
+def real_table_slice(shared_data, tmp_path_factory) -> Path:
+    """The first 3,000 lines of the real en-fr phrase table, gzipped."""
+    out = tmp_path_factory.mktemp("slice") / "phrase-table.gz"
+    with gzip.open(shared_data / "en-fr-moses" / "phrase-table.gz", "rb") as src, gzip.open(out, "wb") as dst:
+        dst.writelines(itertools.islice(src, 3000))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny encoder-decoder trained for a few steps on the example table."""
+    from moses_rnn.train import TrainConfig, train
+
+    model_dir = tmp_path_factory.mktemp("tiny-model")
+    cfg = TrainConfig(preset="tiny", max_steps=60, eval_every=30, valid_pairs=20, device="cpu")
+    train(str(EXAMPLE_TABLE), str(model_dir), cfg, progress=False)
+    return model_dir
