@@ -1,0 +1,338 @@
+"""Edit Moses configuration files (moses.ini) without disturbing them.
+
+A moses.ini is a list of `[section]` headers each followed by lines. The
+`[feature]` section has one line per feature function, `Type key=value ...`,
+and the `[weight]` section one line per feature name, `Name= w1 w2 ...`.
+A feature without `name=` is called Type + index (the index counts earlier
+features of the same Type), which is how Moses names it.
+
+`MosesIni` keeps every line of the file verbatim (comments, blank lines,
+sections it does not know) and rewrites only the lines an edit touches, so
+`MosesIni.parse(text).render() == text` for any file.
+
+Feature names must be usable by MERT (mert-moses.pl splits on `_`), so new
+names are checked: letters, digits and `-`/`.`, starting with a letter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .textio import InputError
+
+#: Feature types that are phrase tables (their scores are table columns).
+PHRASE_TABLE_TYPES = (
+    "PhraseDictionaryMemory",
+    "PhraseDictionaryBinary",
+    "PhraseDictionaryCompact",
+    "PhraseDictionaryOnDisk",
+    "PhraseDictionaryScope3",
+    "PhraseDictionaryALSuffixArray",
+    "PhraseDictionaryTransliteration",
+    "ProbingPT",
+)
+
+NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.\-]*$")
+SECTION_RE = re.compile(r"^\s*\[([^\]]+)\]\s*$")
+
+# Feature types whose default number of scores Moses knows without num-features=.
+_DEFAULT_SCORES = {
+    "UnknownWordPenalty": 1, "WordPenalty": 1, "PhrasePenalty": 1, "Distortion": 1,
+    "KENLM": 1, "SRILM": 1, "IRSTLM": 1, "LM": 1, "CSLM": 2,
+    "InputFeature": 1, "OpSequenceModel": 5, "SoftSourceSyntacticConstraintsFeature": 3,
+}
+
+
+class IniError(ValueError):
+    """An edit that cannot be made, or a file that is not a usable moses.ini."""
+
+
+def check_name(name: str) -> str:
+    """Return `name` if MERT accepts it as a feature name, else raise IniError."""
+    if not NAME_RE.match(name):
+        raise IniError(f"feature name {name!r} is not usable by MERT: use letters, digits, '-' or '.', "
+                       "starting with a letter (no '_', no spaces)")
+    return name
+
+
+@dataclass
+class Feature:
+    """One line of the [feature] section."""
+
+    index: int              # line index in MosesIni.lines
+    type: str
+    args: list[list[str]]   # [key, value] pairs in file order (value may be None for a bare token)
+    name: str
+
+    def get(self, key: str) -> str | None:
+        for k, v in self.args:
+            if k == key:
+                return v
+        return None
+
+    def set(self, key: str, value: str) -> None:
+        for kv in self.args:
+            if kv[0] == key:
+                kv[1] = value
+                return
+        self.args.append([key, value])
+
+    def num_scores(self) -> int | None:
+        n = self.get("num-features")
+        if n is not None:
+            try:
+                return int(n)
+            except ValueError:
+                raise IniError(f"feature {self.name}: num-features={n!r} is not a number") from None
+        return _DEFAULT_SCORES.get(self.type)
+
+    def render(self) -> str:
+        parts = [self.type] + [k if v is None else f"{k}={v}" for k, v in self.args]
+        return " ".join(parts)
+
+
+@dataclass
+class MosesIni:
+    """A moses.ini as a list of lines plus an index of sections, features and weights."""
+
+    lines: list[str]
+    newline: str = "\n"
+    trailing_newline: bool = True
+    features: list[Feature] = field(default_factory=list)
+
+    # ---- reading -------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str, path: str = "moses.ini") -> "MosesIni":
+        newline = "\r\n" if "\r\n" in text else "\n"
+        lines = text.split(newline)
+        trailing = lines[-1] == ""
+        if trailing:
+            lines.pop()
+        ini = cls(lines=lines, newline=newline, trailing_newline=trailing)
+        ini._index(path)
+        return ini
+
+    @classmethod
+    def read(cls, path: str) -> "MosesIni":
+        with open(path, encoding="utf-8", newline="") as f:
+            return cls.parse(f.read(), path)
+
+    def render(self) -> str:
+        text = self.newline.join(self.lines)
+        return text + self.newline if self.trailing_newline and self.lines else text
+
+    def write(self, path: str) -> None:
+        from .textio import atomic_output
+
+        with atomic_output(path, compress=False) as out:
+            out.write(self.render().encode("utf-8"))
+
+    def _sections(self) -> list[tuple[str, int, int]]:
+        """(name, header line index, end index exclusive) for each section."""
+        heads = [(m.group(1).strip(), i) for i, line in enumerate(self.lines) if (m := SECTION_RE.match(line))]
+        out = []
+        for j, (name, i) in enumerate(heads):
+            end = heads[j + 1][1] if j + 1 < len(heads) else len(self.lines)
+            out.append((name, i, end))
+        return out
+
+    def section(self, name: str) -> tuple[int, int] | None:
+        for sec, i, end in self._sections():
+            if sec == name:
+                return i, end
+        return None
+
+    @staticmethod
+    def _content(line: str) -> str:
+        s = line.strip()
+        return "" if not s or s.startswith("#") else s
+
+    def _index(self, path: str) -> None:
+        self.features = []
+        seen: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        span = self.section("feature")
+        if span is None:
+            return
+        for i in range(span[0] + 1, span[1]):
+            s = self._content(self.lines[i])
+            if not s:
+                continue
+            tokens = s.split()
+            ftype, args = tokens[0], []
+            for tok in tokens[1:]:
+                k, eq, v = tok.partition("=")
+                args.append([k, v if eq else None])
+            feat = Feature(i, ftype, args, "")
+            name = feat.get("name")
+            if name is None:
+                name = f"{ftype}{counts.get(ftype, 0)}"
+            counts[ftype] = counts.get(ftype, 0) + 1
+            if name in seen:
+                raise InputError(path, i + 1, f"feature name {name} is used twice")
+            seen[name] = i
+            feat.name = name
+            self.features.append(feat)
+
+    # ---- queries -------------------------------------------------------
+    def feature(self, name: str) -> Feature:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise IniError(f"no feature named {name!r}; features: {', '.join(f.name for f in self.features)}")
+
+    def phrase_tables(self) -> list[Feature]:
+        return [f for f in self.features if f.type in PHRASE_TABLE_TYPES or f.type.startswith("PhraseDictionary")]
+
+    def _weight_line(self, name: str) -> int | None:
+        span = self.section("weight")
+        if span is None:
+            return None
+        for i in range(span[0] + 1, span[1]):
+            s = self._content(self.lines[i])
+            if s and s.split("=", 1)[0].strip() == name and "=" in s:
+                return i
+        return None
+
+    def weights(self, name: str) -> list[float] | None:
+        i = self._weight_line(name)
+        if i is None:
+            return None
+        return [float(w) for w in self.lines[i].split("=", 1)[1].split()]
+
+    # ---- edits -----------------------------------------------------------
+    def _set_weights(self, name: str, weights: list[float]) -> None:
+        line = f"{name}= " + " ".join(_fmt(w) for w in weights)
+        i = self._weight_line(name)
+        if i is not None:
+            self.lines[i] = line
+            return
+        span = self.section("weight")
+        if span is None:
+            if self.lines and self.lines[-1].strip():
+                self.lines.append("")
+            self.lines += ["[weight]", line]
+            return
+        self.lines.insert(self._last_content(span) + 1, line)
+
+    def _last_content(self, span: tuple[int, int]) -> int:
+        """Index of the last non-blank line of a section (its header if it is empty)."""
+        last = span[0]
+        for i in range(span[0] + 1, span[1]):
+            if self.lines[i].strip():
+                last = i
+        return last
+
+    def add_columns(self, table: str | None, count: int, weight: float | list[float] = 0.2,
+                    path: str | None = None, fixed: bool = False) -> Feature:
+        """Declare `count` more score columns on phrase table `table` (a feature name).
+
+        `table` may be None when the file has exactly one phrase table. The
+        new columns get `weight` (one value for all, or one per column);
+        `path` replaces the table's path=; `fixed` marks the new columns
+        untuneable (tuneable-components=), so MERT leaves their weights as given.
+        """
+        if count < 1:
+            raise IniError("--count must be at least 1")
+        if table is None:
+            tables = self.phrase_tables()
+            if len(tables) != 1:
+                raise IniError(f"{len(tables)} phrase tables here ({', '.join(t.name for t in tables)}): name one")
+            feat = tables[0]
+        else:
+            feat = self.feature(table)
+        old = feat.num_scores()
+        if old is None:
+            raise IniError(f"feature {feat.name} has no num-features=")
+        new_weights = _expand(weight, count)
+        weights = self.weights(feat.name)
+        if weights is None:
+            raise IniError(f"feature {feat.name} has no line in [weight]")
+        if len(weights) != old:
+            raise IniError(f"feature {feat.name}: num-features={old} but {len(weights)} weights")
+        feat.set("num-features", str(old + count))
+        if path is not None:
+            feat.set("path", path)
+        comps = feat.get("tuneable-components")
+        if fixed or comps is not None:
+            prev = comps.split(",") if comps else ["true"] * old
+            feat.set("tuneable-components", ",".join(prev + [("false" if fixed else "true")] * count))
+        self.lines[feat.index] = feat.render()
+        self._set_weights(feat.name, weights + new_weights)
+        return feat
+
+    def add_feature(self, line: str, weights: list[float] | None = None) -> Feature:
+        """Append a feature line to [feature] and its weights to [weight].
+
+        The name is the line's name= or Moses' default (Type + index) and must
+        be new and usable by MERT. Without `weights`, each score gets 0.1.
+        """
+        tokens = line.split()
+        if not tokens:
+            raise IniError("empty feature line")
+        span = self.section("feature")
+        if span is None:
+            if self.lines and self.lines[-1].strip():
+                self.lines.append("")
+            self.lines.append("[feature]")
+            span = self.section("feature")
+        pos = self._last_content(span) + 1
+        self.lines.insert(pos, " ".join(tokens))
+        old_lines = list(self.lines)
+        try:
+            self._index("moses.ini")
+            feat = next(f for f in self.features if f.index == pos)
+            check_name(feat.name)
+            n = feat.num_scores()
+            if weights is None:
+                if n is None:
+                    raise IniError(f"{feat.type}: give num-features= or the weights")
+                weights = [0.1] * n
+            if n is not None and len(weights) != n:
+                raise IniError(f"feature {feat.name} has {n} scores but {len(weights)} weights were given")
+            if n is None:
+                feat.set("num-features", str(len(weights)))
+                self.lines[pos] = feat.render()
+            if self._weight_line(feat.name) is not None:
+                raise IniError(f"[weight] already has a line for {feat.name}")
+            self._set_weights(feat.name, list(weights))
+        except Exception:
+            self.lines = old_lines
+            del self.lines[pos]
+            self._index("moses.ini")
+            raise
+        self._index("moses.ini")
+        return self.feature(feat.name)
+
+    def remove_feature(self, name: str) -> None:
+        """Drop a feature line and its weight line."""
+        feat = self.feature(name)
+        w = self._weight_line(name)
+        for i in sorted([feat.index] + ([w] if w is not None else []), reverse=True):
+            del self.lines[i]
+        self._index("moses.ini")
+
+    def set_param(self, name: str, key: str, value: str) -> None:
+        """Set key=value on a feature line (e.g. a path)."""
+        feat = self.feature(name)
+        if key == "name":
+            raise IniError("renaming is not supported")
+        feat.set(key, value)
+        self.lines[feat.index] = feat.render()
+        self._index("moses.ini")
+
+
+def _fmt(w: float) -> str:
+    return repr(float(w)) if float(w) != int(w) else str(int(w)) if abs(w) < 1e15 else repr(float(w))
+
+
+def _expand(weight: float | list[float], count: int) -> list[float]:
+    if isinstance(weight, (int, float)):
+        return [float(weight)] * count
+    weight = [float(w) for w in weight]
+    if len(weight) == 1:
+        return weight * count
+    if len(weight) != count:
+        raise IniError(f"{len(weight)} weights given for {count} columns")
+    return weight

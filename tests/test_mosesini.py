@@ -1,0 +1,158 @@
+"""The moses.ini editor, on the real moses.ini files of ../shared/data."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from moses_rnn.cli import main
+from moses_rnn.mosesini import IniError, MosesIni, check_name
+
+INIS = ["en-fr-moses/moses.ini", "moses-sample/moses.ini"]
+
+
+def _changed(before: str, after: str) -> list[tuple[str, str]]:
+    """Lines that differ, as (before, after); insertions pair with ''."""
+    import difflib
+
+    out = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, before.splitlines(), after.splitlines()).get_opcodes():
+        if tag != "equal":
+            out.append(("\n".join(before.splitlines()[i1:i2]), "\n".join(after.splitlines()[j1:j2])))
+    return out
+
+
+@pytest.mark.parametrize("rel", INIS)
+def test_round_trip_is_exact(shared_data, rel):
+    text = (shared_data / rel).read_text()
+    assert MosesIni.parse(text).render() == text
+
+
+def test_default_names_follow_moses(shared_data):
+    ini = MosesIni.read(str(shared_data / "moses-sample" / "moses.ini"))
+    names = [f.name for f in ini.features]
+    assert names == ["KENLM0", "Distortion0", "WordPenalty0", "UnknownWordPenalty0", "PhraseDictionaryMemory0"]
+    assert [t.name for t in ini.phrase_tables()] == ["PhraseDictionaryMemory0"]
+    assert ini.weights("PhraseDictionaryMemory0") == [0.2] * 5
+
+
+def test_add_columns_real_ini(shared_data):
+    path = shared_data / "en-fr-moses" / "moses.ini"
+    text = path.read_text()
+    ini = MosesIni.parse(text)
+    ini.add_columns("TranslationModel0", 1, 0.2, path="phrase-table.rnn.gz")
+    ini.add_columns("TranslationModel0", 1, 0.0, fixed=True)
+    out = ini.render()
+    changes = _changed(text, out)
+    assert len(changes) == 2  # the feature line and the weight line, nothing else
+    feat = MosesIni.parse(out).feature("TranslationModel0")
+    assert feat.get("num-features") == "6"
+    assert feat.get("path") == "phrase-table.rnn.gz"
+    assert feat.get("tuneable-components") == "true,true,true,true,true,false"
+    assert feat.get("input-factor") == "0" and feat.type == "PhraseDictionaryMemory"
+    assert MosesIni.parse(out).weights("TranslationModel0") == [0.2, 0.2, 0.2, 0.2, 0.2, 0.0]
+
+
+def test_add_columns_only_table_by_default(shared_data):
+    ini = MosesIni.read(str(shared_data / "moses-sample" / "moses.ini"))
+    ini.add_columns(None, 2, [0.3, -0.1])
+    assert ini.feature("PhraseDictionaryMemory0").get("num-features") == "7"
+    assert ini.weights("PhraseDictionaryMemory0") == [0.2] * 5 + [0.3, -0.1]
+
+
+def test_add_feature_and_remove(shared_data):
+    path = shared_data / "moses-sample" / "moses.ini"
+    text = path.read_text()
+    ini = MosesIni.parse(text)
+    feat = ini.add_feature("CSLM name=CSLM0 host=127.0.0.1 port=5000 order=7 path=model", [0.1, -0.2])
+    assert feat.name == "CSLM0" and feat.num_scores() == 2
+    out = ini.render()
+    assert "CSLM name=CSLM0 host=127.0.0.1 port=5000 order=7 path=model" in out.splitlines()
+    assert "CSLM0= 0.1 -0.2" in out.splitlines()
+    assert len(_changed(text, out)) == 2
+    # the [feature] line lands in [feature], the weight in [weight]
+    lines = out.splitlines()
+    assert lines.index("[feature]") < lines.index("CSLM name=CSLM0 host=127.0.0.1 port=5000 order=7 path=model") \
+        < lines.index("[weight]") < lines.index("CSLM0= 0.1 -0.2")
+    ini.remove_feature("CSLM0")
+    assert ini.render() == text
+
+
+def test_add_feature_one_score(shared_data):
+    ini = MosesIni.read(str(shared_data / "en-fr-moses" / "moses.ini"))
+    feat = ini.add_feature("CSLM name=CSLM0 port=1 num-features=1")
+    assert ini.weights(feat.name) == [0.1]
+
+
+def test_add_feature_default_name(shared_data):
+    ini = MosesIni.read(str(shared_data / "moses-sample" / "moses.ini"))
+    assert ini.add_feature("WordPenalty").name == "WordPenalty1"
+
+
+@pytest.mark.parametrize("line,weights,msg", [
+    ("CSLM name=CSLM_0", None, "not usable by MERT"),
+    ("CSLM name=LM0", None, "used twice"),
+    ("CSLM name=CSLM0", [0.1], "2 scores but 1 weights"),
+    ("Mystery name=M0", None, "num-features"),
+])
+def test_add_feature_errors_leave_file_alone(shared_data, line, weights, msg):
+    text = (shared_data / "en-fr-moses" / "moses.ini").read_text()
+    ini = MosesIni.parse(text)
+    with pytest.raises(ValueError, match=msg):
+        ini.add_feature(line, weights)
+    assert ini.render() == text
+
+
+def test_add_columns_errors(shared_data):
+    ini = MosesIni.read(str(shared_data / "en-fr-moses" / "moses.ini"))
+    with pytest.raises(IniError, match="no feature named"):
+        ini.add_columns("TM9", 1)
+    with pytest.raises(IniError, match="3 weights given for 2"):
+        ini.add_columns("TranslationModel0", 2, [1, 2, 3])
+
+
+def test_missing_weight_section_is_created():
+    ini = MosesIni.parse("[feature]\nWordPenalty\n")
+    ini.add_feature("CSLM name=CSLM0", [1, 2])
+    assert ini.render() == "[feature]\nWordPenalty\nCSLM name=CSLM0\n\n[weight]\nCSLM0= 1 2\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(alphabet="abc[]=# \n\r\t_0", max_size=80))
+def test_round_trip_any_text(text):
+    try:
+        ini = MosesIni.parse(text)
+    except ValueError:
+        return  # duplicate names are refused
+    assert ini.render() == text
+
+
+@given(st.from_regex(r"[A-Za-z][A-Za-z0-9]{0,8}", fullmatch=True))
+def test_names_without_underscore_pass(name):
+    assert check_name(name) == name
+
+
+def test_cli(shared_data, tmp_path):
+    src = shared_data / "en-fr-moses" / "moses.ini"
+    out = tmp_path / "a.ini"
+    r = CliRunner().invoke(main, ["ini", "add-columns", str(src), "--table", "TranslationModel0", "--count", "1",
+                                  "--weight", "0.3", "--path", "pt.rnn.gz", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    out2 = tmp_path / "b.ini"
+    r = CliRunner().invoke(main, ["ini", "add-feature", str(out), "CSLM", "name=CSLM0", "port=5000", "order=7",
+                                  "-w", "0.1", "-w", "-0.5", "-o", str(out2)])
+    assert r.exit_code == 0, r.output
+    out3 = tmp_path / "c.ini"
+    r = CliRunner().invoke(main, ["ini", "remove-feature", str(out2), "LexicalReordering0", "-o", str(out3)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["ini", "set", str(out3), "LM0", "path=lm.bin", "-o", str(out3)])
+    assert r.exit_code == 0, r.output
+    ini = MosesIni.read(str(out3))
+    assert ini.weights("TranslationModel0") == [0.2] * 4 + [0.3]
+    assert ini.weights("CSLM0") == [0.1, -0.5]
+    assert ini.feature("LM0").get("path") == "lm.bin"
+    assert "LexicalReordering" not in out3.read_text()
+    r = CliRunner().invoke(main, ["ini", "add-feature", str(src), "CSLM", "name=my_lm", "-o", str(out)])
+    assert r.exit_code != 0 and "not usable by MERT" in r.output
