@@ -32,6 +32,7 @@ class ModelConfig:
     hidden: int = 1000  # GRU units, encoder and decoder
     maxout: int = 500  # maxout units (2 * maxout pre-activations)
     out_rank: int = 100  # rank of the output matrix G = G_l G_r
+    align: int = 0  # RNNsearch alignment-model hidden units (0: same as hidden; unused by encdec)
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -53,11 +54,21 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(vocab=2000, embed=16, hidden=32, maxout=16, out_rank=16),
 }
 
+# RNNsearch sizes (Bahdanau et al., 2015, Section 4.2: 620-d embeddings, 1000
+# hidden units per direction and in the decoder and alignment model, 500
+# maxout units, a full-rank output matrix). Shortlists as for the encdec.
+RNNSEARCH_PRESETS: dict[str, dict] = {
+    "paper": dict(vocab=15000, embed=620, hidden=1000, align=1000, maxout=500, out_rank=500),
+    "small": dict(vocab=15000, embed=64, hidden=256, align=256, maxout=128, out_rank=64),
+    "tiny": dict(vocab=2000, embed=16, hidden=32, align=32, maxout=16, out_rank=16),
+}
+
 
 def preset_config(name: str, src_vocab: int, tgt_vocab: int, arch: str = "encdec") -> ModelConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    p = {k: v for k, v in PRESETS[name].items() if k != "vocab"}
+    presets = RNNSEARCH_PRESETS if arch == "rnnsearch" else PRESETS
+    p = {k: v for k, v in presets[name].items() if k != "vocab"}
     return ModelConfig(arch=arch, src_vocab=src_vocab, tgt_vocab=tgt_vocab, **p)
 
 
@@ -230,6 +241,10 @@ class EncoderDecoder(nn.Module):
 def build_model(cfg: ModelConfig) -> nn.Module:
     if cfg.arch == "encdec":
         return EncoderDecoder(cfg)
+    if cfg.arch == "rnnsearch":
+        from .rnnsearch import RNNSearch  # imports this module; built on demand
+
+        return RNNSearch(cfg)
     raise ValueError(f"unknown architecture {cfg.arch!r}")
 
 

@@ -45,6 +45,7 @@ class TrainConfig:
     valid_pairs: int = 1000
     eval_every: int = 500
     device: str = "auto"
+    arch: str = "encdec"  # "encdec" (Cho et al., 2014) or "rnnsearch" (Bahdanau et al., 2015)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -162,7 +163,7 @@ def train(table: str, model_dir: str, cfg: TrainConfig, resume: bool = False, pr
             table, cfg.src_vocab or preset["vocab"], cfg.tgt_vocab or preset["vocab"]
         )
         modelio.save_vocabularies(model_dir, src_vocab, tgt_vocab)
-        model_cfg = preset_config(cfg.preset, len(src_vocab), len(tgt_vocab))
+        model_cfg = preset_config(cfg.preset, len(src_vocab), len(tgt_vocab), cfg.arch)
         state = None
 
     corpus = load_corpus(table, src_vocab, tgt_vocab)

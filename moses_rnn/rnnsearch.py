@@ -1,0 +1,262 @@
+"""RNNsearch: the attention model of Bahdanau, Cho and Bengio (2015).
+
+"Neural Machine Translation by Jointly Learning to Align and Translate",
+Section 3 and Appendix A. Equation references are to Appendix A:
+
+    encoder   bidirectional GRU; annotation h_j = [h->_j ; h<-_j]     (A.2.1)
+    alignment e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)                (A.1.2)
+              alpha_ij = softmax_j(e_ij);  c_i = sum_j alpha_ij h_j
+    decoder   GRU with inputs E y_{i-1}, s_{i-1} and c_i              (A.2.2)
+              s_0 = tanh(W_s h<-_1)
+    output    t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i, maxout t_i,
+              p(y_i | ...) ∝ exp(y_i^T W_o t_i)
+
+The model offers the same interface as `EncoderDecoder` (`context`,
+`log_prob`, `forward`, `init_weights`, `config`), so training, table scoring,
+sampling and beam search run it unchanged.
+
+Deviations, all deliberate:
+- As in model.py, every affine map applied to an input carries a bias; the
+  paper omits biases "for readability".
+- Source padding: batches are right-padded. The forward encoder state is
+  frozen on padded positions and the backward one stays at h<-_{T+1} = 0
+  until it reaches the phrase's last real word, so both directions see only
+  the phrase's own words. Padded positions get energy -inf before the softmax,
+  hence alpha_ij = 0 there and a pair's score never depends on its batch.
+- W_o is factored as G_l G_r when `out_rank` < `maxout` (the low-rank output
+  matrix of the encoder-decoder); at `out_rank` >= `maxout` it is the
+  paper's single full matrix.
+- Vocabulary sizes follow the encoder-decoder presets (15,000-word
+  shortlists) so both models score the same phrase tables; the paper used
+  30,000 words for whole sentences.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .model import ModelConfig, token_log_probs
+
+
+class GRULayer(nn.Module):
+    """One direction of the encoder GRU (A.2.1): h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h~_j."""
+
+    def __init__(self, E: int, H: int):
+        super().__init__()
+        self.W = nn.Linear(E, 3 * H)  # [W; W_z; W_r] E x_j
+        self.U_zr = nn.Linear(H, 2 * H, bias=False)  # [U_z; U_r] h_{j-1}
+        self.U = nn.Linear(H, H, bias=False)  # U [r_j ∘ h_{j-1}]
+        self.hidden = H
+
+    def forward(self, emb: torch.Tensor, mask: torch.Tensor, reverse: bool = False) -> torch.Tensor:
+        """emb [B, T, E], mask [B, T] -> states [B, T, H] (h_j for every position j)."""
+        B, T, _ = emb.shape
+        H = self.hidden
+        x = self.W(emb)  # input projections of every position at once
+        h = x.new_zeros(B, H)  # h_0 = 0 (h<-_{T+1} = 0 for the backward layer)
+        out = [None] * T
+        for j in (range(T - 1, -1, -1) if reverse else range(T)):
+            zr = self.U_zr(h)
+            z = torch.sigmoid(x[:, j, H : 2 * H] + zr[:, :H])  # update gate z_j
+            r = torch.sigmoid(x[:, j, 2 * H :] + zr[:, H:])  # reset gate r_j
+            h_tilde = torch.tanh(x[:, j, :H] + self.U(r * h))  # h~_j = tanh(W E x_j + U [r_j ∘ h_{j-1}])
+            h = torch.where(mask[:, j, None], (1.0 - z) * h + z * h_tilde, h)  # padding: state unchanged
+            out[j] = h
+        return torch.stack(out, dim=1)
+
+
+class AttentionContext(NamedTuple):
+    """What the decoder needs from one source phrase, computed once per phrase."""
+
+    annotations: torch.Tensor  # h_j = [h->_j ; h<-_j]   [B, T, 2H]
+    keys: torch.Tensor  # U_a h_j (precomputed; A.1.2) [B, T, A]
+    mask: torch.Tensor  # True on real source words [B, T]
+    s0: torch.Tensor  # s_0 = tanh(W_s h<-_1)    [B, H]
+
+    def select(self, index: torch.Tensor) -> "AttentionContext":
+        """Rows `index`, trimmed to the longest real source among them."""
+        mask = self.mask[index]
+        T = int(mask.sum(1).max()) if mask.shape[0] else 1
+        return AttentionContext(self.annotations[index, :T], self.keys[index, :T], mask[:, :T], self.s0[index])
+
+    @classmethod
+    def cat(cls, parts: list["AttentionContext"]) -> "AttentionContext":
+        """Stack contexts of batches with different source lengths, right-padding with mask False."""
+        T = max(p.mask.shape[1] for p in parts)
+
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return F.pad(t, (0, 0, 0, T - t.shape[1])) if t.dim() == 3 else F.pad(t, (0, T - t.shape[1]))
+
+        return cls(
+            torch.cat([pad(p.annotations) for p in parts]),
+            torch.cat([pad(p.keys) for p in parts]),
+            torch.cat([pad(p.mask) for p in parts]),  # pads with False
+            torch.cat([p.s0 for p in parts]),
+        )
+
+
+class AttentionDecoder(nn.Module):
+    """The decoder with the alignment model (A.2.2) and the maxout output layer."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        H, E, M, A = cfg.hidden, cfg.embed, cfg.maxout, cfg.align or cfg.hidden
+        self.embed = nn.Embedding(cfg.tgt_vocab, E)  # E y
+        self.W_s = nn.Linear(H, H)  # s_0 = tanh(W_s h<-_1)
+        # alignment model: a one-hidden-layer feed-forward network (A.1.2)
+        self.W_a = nn.Linear(H, A)  # W_a s_{i-1}
+        self.U_a = nn.Linear(2 * H, A, bias=False)  # U_a h_j, precomputed once per source
+        self.v_a = nn.Linear(A, 1, bias=False)  # v_a^T tanh(.)
+        # GRU (A.2.2)
+        self.W = nn.Linear(E, 3 * H)  # [W; W_z; W_r] E y_{i-1}
+        self.U = nn.Linear(H, 3 * H, bias=False)  # [U; U_z; U_r] s_{i-1}
+        self.C = nn.Linear(2 * H, 3 * H, bias=False)  # [C; C_z; C_r] c_i
+        # maxout readout t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i
+        self.U_o = nn.Linear(H, 2 * M)
+        self.V_o = nn.Linear(E, 2 * M, bias=False)
+        self.C_o = nn.Linear(2 * H, 2 * M, bias=False)
+        if cfg.out_rank < M:
+            self.W_o = nn.Sequential(nn.Linear(M, cfg.out_rank, bias=False), nn.Linear(cfg.out_rank, cfg.tgt_vocab))
+        else:
+            self.W_o = nn.Linear(M, cfg.tgt_vocab)
+        self.hidden, self.maxout = H, M
+
+    def prev_embeddings(self, tgt: torch.Tensor) -> torch.Tensor:
+        """E y_{i-1} for i = 1..T, with E y_0 = 0."""
+        e = self.embed(tgt[:, :-1])
+        return torch.cat([e.new_zeros(e.shape[0], 1, e.shape[2]), e], dim=1)
+
+    def attend(self, ctx: AttentionContext, s_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """alpha_i [B, T] and c_i [B, 2H] from s_{i-1} [B, H] (A.1.2)."""
+        e = self.v_a(torch.tanh(self.W_a(s_prev)[:, None, :] + ctx.keys)).squeeze(-1)  # e_ij  [B, T]
+        e = e.masked_fill(~ctx.mask, -math.inf)  # padded positions get no weight
+        alpha = torch.softmax(e, dim=-1)
+        c = torch.bmm(alpha[:, None, :], ctx.annotations).squeeze(1)  # c_i = sum_j alpha_ij h_j
+        return alpha, c
+
+    def gru(self, x: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """s_i from x = W E y_{i-1} [B, 3H], s = s_{i-1}, c = c_i (A.2.2)."""
+        H = self.hidden
+        u, cc = self.U(s), self.C(c)
+        z = torch.sigmoid(x[:, H : 2 * H] + u[:, H : 2 * H] + cc[:, H : 2 * H])  # z_i
+        r = torch.sigmoid(x[:, 2 * H :] + u[:, 2 * H :] + cc[:, 2 * H :])  # r_i
+        s_tilde = torch.tanh(x[:, :H] + r * u[:, :H] + cc[:, :H])  # tanh(W E y + U [r ∘ s] + C c)
+        return (1.0 - z) * s + z * s_tilde
+
+    def readout(self, s_prev: torch.Tensor, e_prev: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """Maxout t_i from s_{i-1}, E y_{i-1}, c_i; any leading shape."""
+        t = self.U_o(s_prev) + self.V_o(e_prev) + self.C_o(c)
+        return t.view(*t.shape[:-1], self.maxout, 2).amax(dim=-1)  # t_i,k = max(t~_i,2k-1, t~_i,2k)
+
+    def logits(self, t: torch.Tensor) -> torch.Tensor:
+        return self.W_o(t)  # y^T W_o t_i for every target word y
+
+    def step(self, ctx: AttentionContext, s_prev: torch.Tensor, e_prev: torch.Tensor):
+        """One decoding step: (logits of y_i [B, V], s_i, alpha_i) from s_{i-1} and E y_{i-1}."""
+        alpha, c = self.attend(ctx, s_prev)
+        logits = self.logits(self.readout(s_prev, e_prev, c))
+        return logits, self.gru(self.W(e_prev), s_prev, c), alpha
+
+    def forward(self, ctx: AttentionContext, tgt: torch.Tensor):
+        """Teacher-forced maxout outputs t_i [B, T, M] and alignments alpha [B, T, T_src]."""
+        e_prev = self.prev_embeddings(tgt)
+        x = self.W(e_prev)
+        s = ctx.s0
+        states, contexts, alphas = [], [], []
+        for i in range(tgt.shape[1]):
+            alpha, c = self.attend(ctx, s)
+            states.append(s)  # the readout uses s_{i-1}
+            contexts.append(c)
+            alphas.append(alpha)
+            s = self.gru(x[:, i], s, c)
+        t = self.readout(torch.stack(states, 1), e_prev, torch.stack(contexts, 1))
+        return t, torch.stack(alphas, 1)
+
+
+class RNNSearch(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.arch != "rnnsearch":
+            raise ValueError(f"RNNSearch cannot build arch {cfg.arch!r}")
+        self.config = cfg
+        self.src_embed = nn.Embedding(cfg.src_vocab, cfg.embed)  # E x (shared by both directions)
+        self.fwd = GRULayer(cfg.embed, cfg.hidden)
+        self.bwd = GRULayer(cfg.embed, cfg.hidden)
+        self.decoder = AttentionDecoder(cfg)
+
+    def init_weights(self) -> None:
+        """Appendix B.1 of Bahdanau et al.: orthogonal recurrent matrices, N(0, 0.001^2) for
+        W_a and U_a, zeros for v_a and every bias, N(0, 0.01^2) for everything else."""
+        H = self.config.hidden
+        d = self.decoder
+        recurrent = {self.fwd.U_zr.weight, self.fwd.U.weight, self.bwd.U_zr.weight, self.bwd.U.weight, d.U.weight}
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias") or p is d.v_a.weight:
+                    p.zero_()
+                elif p in recurrent:
+                    for k in range(p.shape[0] // H):  # each H x H gate block on its own
+                        nn.init.orthogonal_(p[k * H : (k + 1) * H])
+                elif p is d.W_a.weight or p is d.U_a.weight:
+                    p.normal_(0.0, 0.001)
+                else:
+                    p.normal_(0.0, 0.01)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward annotations, each [B, T, H]."""
+        emb = self.src_embed(src)
+        return self.fwd(emb, src_mask), self.bwd(emb, src_mask, reverse=True)
+
+    def context(self, src: torch.Tensor, src_mask: torch.Tensor) -> AttentionContext:
+        fwd, bwd = self.encode(src, src_mask)
+        h = torch.cat([fwd, bwd], dim=-1)  # h_j = [h->_j ; h<-_j]
+        s0 = torch.tanh(self.decoder.W_s(bwd[:, 0]))  # s_0 = tanh(W_s h<-_1)
+        return AttentionContext(h, self.decoder.U_a(h), src_mask, s0)
+
+    def phrase_vector(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """A fixed-length phrase representation [B, 2H]: [h->_N ; h<-_1].
+
+        RNNsearch has no single summary c; the last forward and first backward
+        states are the two that have read the whole phrase.
+        """
+        fwd, bwd = self.encode(src, src_mask)
+        last = src_mask.sum(1) - 1
+        return torch.cat([fwd[torch.arange(src.shape[0]), last], bwd[:, 0]], dim=-1)
+
+    def start_state(self, ctx: AttentionContext) -> torch.Tensor:
+        return ctx.s0
+
+    def step(self, ctx: AttentionContext, state: torch.Tensor, e_prev: torch.Tensor):
+        """Generation step: (logits of the next word, next state) from the state and E y_{i-1}."""
+        logits, state, _ = self.decoder.step(ctx, state, e_prev)
+        return logits, state
+
+    def log_prob(self, ctx: AttentionContext, tgt: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
+        """Sum of log p(y_i | y_<i, x) over the masked positions of each row: [B]."""
+        t, _ = self.decoder(ctx, tgt)
+        flat = token_log_probs(self.decoder, t[tgt_mask], tgt[tgt_mask])
+        rows = torch.arange(tgt.shape[0], device=tgt.device)[:, None].expand_as(tgt)[tgt_mask]
+        return t.new_zeros(tgt.shape[0]).index_add_(0, rows, flat)
+
+    def forward(self, src, src_mask, tgt, tgt_mask) -> torch.Tensor:
+        return self.log_prob(self.context(src, src_mask), tgt, tgt_mask)
+
+    @torch.no_grad()
+    def alignment(self, src: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """Soft alignments alpha [B, T_tgt, T_src] of teacher-forced target rows."""
+        return self.decoder(self.context(src, src_mask), tgt)[1]
+
+    def flops_per_pair(self, src_len: float, tgt_len: float) -> float:
+        """Multiply-adds x 2 of one forward pass, for the efficiency benchmark."""
+        c = self.config
+        H, E, M, V, A = c.hidden, c.embed, c.maxout, c.tgt_vocab, c.align or c.hidden
+        out = M * V if c.out_rank >= M else M * c.out_rank + c.out_rank * V
+        enc = 2 * src_len * (E * 3 * H + 3 * H * H) + H * H + src_len * 2 * H * A
+        att = H * A + src_len * (A + A + 2 * H)  # W_a s, tanh(. + U_a h) v_a, sum alpha h
+        dec = tgt_len * (att + E * 3 * H + 3 * H * H + 2 * H * 3 * H + H * 2 * M + E * 2 * M + 2 * H * 2 * M + out)
+        return 2.0 * (enc + dec)
