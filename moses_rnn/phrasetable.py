@@ -88,8 +88,6 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
     scores = line[start:end].split()
     if not scores:
         raise InputError(path, lineno, "no scores in field 3")
-    if nscores is not None and len(scores) != nscores:
-        raise InputError(path, lineno, f"{len(scores)} scores, the first line has {nscores}")
     for s in scores:
         try:
             v = float(s)
@@ -97,6 +95,8 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
             raise InputError(path, lineno, f"score {s!r} is not a number") from None
         if not (v > 0.0) or math.isinf(v):
             raise InputError(path, lineno, f"score {s!r} is not a positive finite number (Moses takes its log)")
+    if nscores is not None and len(scores) != nscores:
+        raise InputError(path, lineno, f"{len(scores)} scores, the first line has {nscores}")
     return PhrasePair(lineno, line, source.strip(), target.strip(), start, end)
 
 

@@ -1,0 +1,111 @@
+import gzip
+import math
+
+import pytest
+
+from moses_rnn.phrasetable import format_columns, moses_value, parse_line, read_phrase_table
+from moses_rnn.textio import InputError, atomic_output
+
+
+def write(tmp_path, text, name="t.txt", mode="w"):
+    p = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(p, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode("utf-8"))
+    elif isinstance(text, bytes):
+        p.write_bytes(text)
+    else:
+        p.write_text(text, encoding="utf-8", newline="")
+    return str(p)
+
+
+def test_fields_and_insert_point_on_real_tables(shared_data):
+    for rel in ["en-fr-moses/phrase-table.gz", "moses-sample/phrase-table.gz", "moses-sample/phrase-table.0-0.1.1.gz"]:
+        path = str(shared_data / rel)
+        for n, pair in enumerate(read_phrase_table(path)):
+            out = pair.with_scores("0.5 2.718282")
+            head, tail = pair.line[: pair._scores_end], pair.line[pair._scores_end :]
+            assert out == head + " 0.5 2.718282" + tail
+            parts = out.split(" ||| ")
+            assert parts[0] == pair.source and parts[1] == pair.target
+            assert parts[2].split()[-2:] == ["0.5", "2.718282"]
+            if n > 2000:
+                break
+
+
+def test_parse_keeps_every_other_byte():
+    line = "das Haus ||| the house ||| 0.5 0.25 1 0.3 ||| 0-0 1-1 ||| 4 3 2 ||| |||\r\n"
+    pair = parse_line(line, "x", 1)
+    assert (pair.source, pair.target) == ("das Haus", "the house")
+    assert pair.scores == [0.5, 0.25, 1.0, 0.3]
+    assert pair.fields == ["0-0 1-1", "4 3 2", "", ""]
+    assert pair.with_scores("9") == "das Haus ||| the house ||| 0.5 0.25 1 0.3 9 ||| 0-0 1-1 ||| 4 3 2 ||| |||\r\n"
+    # three fields, no final newline
+    pair = parse_line("a ||| b ||| 0.5", "x", 1)
+    assert pair.with_scores("1") == "a ||| b ||| 0.5 1"
+    pair = parse_line("a ||| b ||| 0.5\n", "x", 1)
+    assert pair.with_scores("1") == "a ||| b ||| 0.5 1\n"
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("a ||| b\n", "expected at least 3 fields"),
+        ("just words\n", "expected at least 3 fields"),
+        (" ||| b ||| 0.5\n", "empty source"),
+        ("a |||  ||| 0.5\n", "empty target"),
+        ("a ||| b ||| 0.5 x\n", "'x' is not a number"),
+        ("a ||| b ||| 0.5 0\n", "not a positive"),
+        ("a ||| b ||| -1\n", "not a positive"),
+        ("a ||| b ||| nan\n", "not a positive"),
+        ("a ||| b ||| inf\n", "not a positive"),
+        ("a ||| b |||  ||| 0-0\n", "no scores"),
+        ("a ||| b ||| 1 ||| 0-0 ||| 1 1 ||| s ||| p ||| extra\n", "at most 7"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path, line, message):
+    path = write(tmp_path, "ok ||| ok ||| 0.5\n" + line if "0.5" in line else line)
+    lineno = 2 if "0.5" in line else 1
+    with pytest.raises(InputError) as e:
+        list(read_phrase_table(path))
+    assert f"{path}:{lineno}:" in str(e.value)
+    assert message in str(e.value)
+
+
+def test_undecodable_bytes_and_score_count(tmp_path):
+    path = write(tmp_path, b"a ||| b ||| 0.5\nc \xff ||| d ||| 0.5\n", name="bad.gz")
+    with pytest.raises(InputError, match=r"bad.gz:2: invalid UTF-8"):
+        list(read_phrase_table(path))
+    path = write(tmp_path, "a ||| b ||| 0.5 0.5\nc ||| d ||| 0.5\n")
+    with pytest.raises(InputError, match=r":2: 1 scores, the first line has 2"):
+        list(read_phrase_table(path))
+
+
+def test_gzip_is_sniffed_not_named(tmp_path):
+    text = "a ||| b ||| 0.5\n"
+    plain_named_gz = tmp_path / "plain.gz"
+    plain_named_gz.write_text(text)
+    gz_named_plain = write(tmp_path, text, name="x.gz")
+    (tmp_path / "x.txt").write_bytes((tmp_path / "x.gz").read_bytes())
+    for p in [str(plain_named_gz), gz_named_plain, str(tmp_path / "x.txt")]:
+        assert [q.line for q in read_phrase_table(p)] == [text]
+
+
+def test_moses_value_round_trips_through_ln_and_floors():
+    for k in [0.0, -1.5, -42.0, 3.0]:
+        assert math.log(float(format_columns([k]))) == pytest.approx(k, abs=1e-6)
+    assert math.log(moses_value(-1e9)) == pytest.approx(-100.0)
+    assert moses_value(-1e9) > 0.0
+    assert math.log(float(format_columns([-500.0]))) == pytest.approx(-100.0, abs=1e-5)
+
+
+def test_atomic_output_keeps_previous_file_on_failure(tmp_path):
+    out = tmp_path / "out.gz"
+    with atomic_output(str(out)) as f:
+        f.write(b"first\n")
+    with pytest.raises(RuntimeError):
+        with atomic_output(str(out)) as f:
+            f.write(b"second\n")
+            raise RuntimeError("boom")
+    assert gzip.decompress(out.read_bytes()) == b"first\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.gz"]

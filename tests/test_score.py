@@ -1,0 +1,113 @@
+import gzip
+import math
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from moses_rnn.cli import main
+from moses_rnn.phrasetable import read_phrase_table
+from moses_rnn.score import PhraseScorer, score_table
+
+
+def read_lines(path):
+    data = open(path, "rb").read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return data.decode("utf-8").splitlines(keepends=True)
+
+
+def strip_appended(line, n):
+    """Remove the last n columns of field 3."""
+    src, tgt, scores, *rest = line.split(" ||| ")
+    head = " ||| ".join([src, tgt, " ".join(scores.rstrip("\n").split()[:-n])])
+    return head + ("" if rest else "\n" if scores.endswith("\n") else "") + "".join(" ||| " + r for r in rest)
+
+
+def appended(line, n):
+    return [float(v) for v in line.split(" ||| ")[2].split()[-n:]]
+
+
+def test_cli_score_preserves_every_line(tmp_path, example_table, tiny_model):
+    out = tmp_path / "out.gz"
+    r = CliRunner().invoke(main, ["score", str(example_table), "-m", str(tiny_model), "-o", str(out), "--unknown", "--quiet"])
+    assert r.exit_code == 0, r.output
+    src, dst = read_lines(example_table), read_lines(out)
+    assert len(src) == len(dst)
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    pairs = [(p.source, p.target) for p in read_phrase_table(str(example_table))]
+    lp = scorer.score(pairs)
+    unk = scorer.unknown_counts(pairs)
+    for a, b, want_lp, want_unk in zip(src, dst, lp, unk):
+        assert strip_appended(b, 2) == a
+        got_lp, got_unk = (math.log(v) for v in appended(b, 2))
+        assert got_lp == pytest.approx(want_lp, abs=1e-5)
+        assert got_unk == pytest.approx(want_unk, abs=1e-5)
+
+
+def test_score_is_independent_of_batch_and_order(tmp_path, real_table_slice, tiny_model):
+    lines = read_lines(real_table_slice)[:1500]
+    shuffled = lines[:]
+    random.Random(3).shuffle(shuffled)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("".join(lines), encoding="utf-8")
+    b.write_text("".join(shuffled), encoding="utf-8")
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu", token_budget=512)
+    score_table(scorer, str(a), str(tmp_path / "a.out"), window=700, progress=False)
+    score_table(scorer, str(b), str(tmp_path / "b.out"), window=256, progress=False)
+    in_order = {strip_appended(l, 1): appended(l, 1)[0] for l in read_lines(tmp_path / "a.out")}
+    shuffled_scores = {strip_appended(l, 1): appended(l, 1)[0] for l in read_lines(tmp_path / "b.out")}
+    assert [strip_appended(l, 1) for l in read_lines(tmp_path / "b.out")] == shuffled  # order kept
+    sample = lines[::50]
+    alone = [scorer.score([(l.split(" ||| ")[0], l.split(" ||| ")[1])])[0] for l in sample]
+    for line, lp in zip(sample, alone):
+        assert math.log(in_order[line]) == pytest.approx(lp, abs=1e-4)
+        assert math.log(shuffled_scores[line]) == pytest.approx(lp, abs=1e-4)
+    assert all(math.log(in_order[l]) == pytest.approx(math.log(shuffled_scores[l]), abs=1e-4) for l in lines)
+
+
+def test_normalize_divides_by_symbols(example_table, tiny_model):
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    pairs = [("the black cat", "le chat noir"), ("a dog", "un chien")]
+    raw = scorer.features(pairs)[:, 0]
+    norm = scorer.features(pairs, normalize=True)[:, 0]
+    assert np.allclose(norm, raw / np.array([4, 3]))
+
+
+def test_bad_input_leaves_no_output_and_keeps_previous(tmp_path, example_table, tiny_model):
+    out = tmp_path / "out.gz"
+    out.write_bytes(gzip.compress(b"previous\n"))
+    bad = tmp_path / "bad.txt"
+    good = example_table.read_text(encoding="utf-8")
+    bad.write_text(good + "x ||| y ||| 0.5 oops 1 1\n", encoding="utf-8")
+    r = CliRunner().invoke(main, ["score", str(bad), "-m", str(tiny_model), "-o", str(out), "--quiet"])
+    assert r.exit_code != 0
+    assert f"bad.txt:{good.count(chr(10)) + 1}: score 'oops' is not a number" in r.output
+    assert gzip.decompress(out.read_bytes()) == b"previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "out.gz"]
+
+
+def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny_model):
+    out = tmp_path / "out.gz"
+    out.write_bytes(gzip.compress(b"previous\n"))
+    code = (
+        "import os, signal, sys\n"
+        "from moses_rnn import score\n"
+        "orig = score.PhraseScorer.features\n"
+        "n = [0]\n"
+        "def features(self, *a, **k):\n"
+        "    n[0] += 1\n"
+        "    if n[0] == 2: os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return orig(self, *a, **k)\n"
+        "score.PhraseScorer.features = features\n"
+        "from moses_rnn.cli import main\n"
+        f"sys.argv = ['moses-rnn', 'score', {str(real_table_slice)!r}, '-m', {str(tiny_model)!r}, '-o', {str(out)!r}, '--window', '500', '--quiet']\n"
+        "main()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 143, p.stderr
+    assert gzip.decompress(out.read_bytes()) == b"previous\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.gz"]
