@@ -43,6 +43,8 @@ def main():
 @click.argument("table", type=click.Path(dir_okay=False))
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
+@click.option("--arch", default="encdec", show_default=True, type=click.Choice(["encdec", "rnnsearch"]),
+              help="RNN Encoder-Decoder (Cho et al., 2014) or RNNsearch with attention (Bahdanau et al., 2015).")
 @click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 2000].")
 @click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")
 @click.option("--max-steps", default=20000, show_default=True, help="Stop after this many updates.")
@@ -56,14 +58,14 @@ def main():
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_fail_cleanly
-def train(table, model_dir, preset, src_vocab, tgt_vocab, max_steps, max_minutes, batch_size, valid_pairs,
+def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_minutes, batch_size, valid_pairs,
           eval_every, clip, seed, device, resume, quiet):
     """Train on the unique phrase pairs of a Moses phrase table TABLE."""
     from .train import TrainConfig, train as run_train
 
     cfg = TrainConfig(preset=preset, src_vocab=src_vocab, tgt_vocab=tgt_vocab, batch_size=batch_size,
                       max_steps=max_steps, max_minutes=max_minutes, clip=clip, seed=seed,
-                      valid_pairs=valid_pairs, eval_every=eval_every, device=device)
+                      valid_pairs=valid_pairs, eval_every=eval_every, device=device, arch=arch)
     summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet)
     click.echo(json.dumps(summary, indent=2), err=True)
 
@@ -170,6 +172,224 @@ def ini_set(moses_ini, name, assignments, output):
             cfg.set_param(name, key, value)
 
     _ini_edit(moses_ini, output, edit)
+
+
+def _sources(phrases, input_file) -> list[str]:
+    from .generate import read_sources
+
+    if bool(phrases) == bool(input_file):
+        raise click.UsageError("give source phrases as arguments or with -i FILE (one of the two)")
+    return list(phrases) if phrases else read_sources(input_file)
+
+
+def _generator(model_dir, device):
+    from .generate import Generator
+    from .modelio import load_model
+    from .train import resolve_device
+
+    return Generator(load_model(model_dir, resolve_device(device)))
+
+
+def _in_batches(items, size, quiet, desc):
+    from tqdm import tqdm
+
+    with tqdm(total=len(items), unit=" phrases", disable=quiet or len(items) <= size, desc=desc) as bar:
+        for i in range(0, len(items), size):
+            yield items[i : i + size]
+            bar.update(len(items[i : i + size]))
+
+
+_generation_options = [
+    click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False)),
+    click.option("-i", "--input", "input_file", type=click.Path(dir_okay=False, allow_dash=True),
+                 help="File of source phrases, one per line ('-' for stdin)."),
+    click.option("-o", "--output", default="-", show_default=True, help="Output file ('-' for stdout)."),
+    click.option("--len-ratio", default=2.0, show_default=True,
+                 help="Longest target: LEN_RATIO x source words + LEN_EXTRA."),
+    click.option("--len-extra", default=3, show_default=True),
+    click.option("--no-unk", is_flag=True, help="Never generate the unknown-word symbol."),
+    click.option("--batch", default=64, show_default=True, help="Source phrases decoded together."),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+    click.option("--quiet", is_flag=True, help="No progress bar."),
+]
+
+
+def _with_generation_options(fn):
+    for opt in reversed(_generation_options):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@click.argument("phrases", nargs=-1)
+@_with_generation_options
+@click.option("-n", "--samples", default=50, show_default=True, help="Samples drawn per source phrase.")
+@click.option("--top", default=5, show_default=True, help="Distinct targets listed per phrase (0: all).")
+@click.option("--seed", default=1, show_default=True)
+@click.option("--tsv", is_flag=True, help="Tab-separated source, target, count, log p.")
+@_fail_cleanly
+def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
+           samples, top, seed, tsv):
+    """Draw N samples for each source phrase; list the distinct targets by model score, with counts."""
+    from .textio import atomic_output
+
+    sources = _sources(phrases, input_file)
+    gen = _generator(model_dir, device)
+    with atomic_output(output) as out:
+        for part in _in_batches(sources, batch, quiet, "sampling"):
+            results = gen.sample(part, n=samples, seed=seed, len_ratio=len_ratio, len_extra=len_extra,
+                                 allow_unk=not no_unk)
+            lines = []
+            for src, hyps in zip(part, results):
+                hyps = hyps[:top] if top > 0 else hyps
+                if tsv:
+                    lines += [f"{src}\t{h.text}\t{h.count}\t{h.log_prob:.4f}\n" for h in hyps]
+                else:
+                    lines.append(f"{src}\n")
+                    lines += [f"  {h.count:5d}  {h.log_prob:9.3f}  {h.text}\n" for h in hyps]
+            out.write("".join(lines).encode("utf-8"))
+
+
+@main.command()
+@click.argument("phrases", nargs=-1)
+@_with_generation_options
+@click.option("-k", "--beam", default=5, show_default=True, help="Beam width.")
+@click.option("--n-best", default=1, show_default=True,
+              help="Targets per phrase; above 1 the output is 'index ||| target ||| score' lines.")
+@click.option("--normalize", is_flag=True, help="Rank by log p per target symbol (words + </s>).")
+@_fail_cleanly
+def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
+              beam, n_best, normalize):
+    """Beam-search the best target of each source phrase (one line out per phrase in)."""
+    from .textio import atomic_output
+
+    sources = _sources(phrases, input_file)
+    gen = _generator(model_dir, device)
+    index = 0
+    with atomic_output(output) as out:
+        for part in _in_batches(sources, batch, quiet, "translating"):
+            results = gen.beam_search(part, beam=beam, n_best=n_best, len_ratio=len_ratio, len_extra=len_extra,
+                                      normalize=normalize, allow_unk=not no_unk)
+            lines = []
+            for hyps in results:
+                if n_best == 1:
+                    lines.append(hyps[0].text + "\n")
+                else:
+                    lines += [f"{index} ||| {h.text} ||| {h.score:.4f}\n" for h in hyps]
+                index += 1
+            out.write("".join(lines).encode("utf-8"))
+
+
+@main.command()
+@click.argument("source")
+@click.argument("target", required=False)
+@click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", required=True, help="PNG file.")
+@click.option("-k", "--beam", default=5, show_default=True, help="Beam width when TARGET is not given.")
+@click.option("--device", default="auto", show_default=True)
+@_fail_cleanly
+def align(source, target, model_dir, output, beam, device):
+    """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
+    from .align import draw_alignment, soft_alignment
+    from .modelio import load_model
+    from .train import resolve_device
+
+    a = soft_alignment(load_model(model_dir, resolve_device(device)), source, target, beam=beam)
+    draw_alignment(a, output)
+    click.echo(f"{' '.join(a.target[:-1])} -> {output}", err=True)
+
+
+@main.group()
+def analyze():
+    """The paper's analysis: Table 2 and Figures 3-5."""
+
+
+_column_options = [
+    click.option("--tm-column", default=2, show_default=True,
+                 help="0-based score column of p(target | source) (Moses order: 2)."),
+    click.option("--rnn-column", default=-1, show_default=True, help="Score column of the RNN (last: -1)."),
+]
+
+
+def _with_columns(fn):
+    for opt in reversed(_column_options):
+        fn = opt(fn)
+    return fn
+
+
+@analyze.command("table2")
+@click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
+@_with_columns
+@click.option("-o", "--output", default="-", show_default=True, help="Markdown file ('-' for stdout).")
+@click.option("--min-words", default=4, show_default=True, help="Shortest source phrase considered.")
+@click.option("--per-group", default=5, show_default=True, help="Source phrases per group (frequent, rare).")
+@click.option("--top", default=3, show_default=True, help="Targets listed per column.")
+@click.option("--rare-max", default=1.0, show_default=True, help="Largest count(source) that is 'rare'.")
+@click.option("--min-targets", default=2, show_default=True, help="Skip sources with fewer targets.")
+@click.option("--seed", default=1, show_default=True, help="Seed of the random pick of rare phrases.")
+@_fail_cleanly
+def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, top, rare_max, min_targets, seed):
+    """Table 2: top targets by the translation model and by the RNN, for long phrases of a scored TABLE."""
+    from .analyze import table2
+    from .textio import atomic_output
+
+    t = table2(table, tm_column, rnn_column, min_words, per_group, top, rare_max, min_targets, seed)
+    with atomic_output(output) as out:
+        out.write(t.markdown().encode("utf-8"))
+    click.echo(f"{t.long_sources} source phrases of {min_words}+ words; "
+               f"{len(t.frequent)} frequent and {len(t.rare)} rare listed", err=True)
+
+
+@analyze.command("scatter")
+@click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
+@_with_columns
+@click.option("-o", "--output", required=True, help="PNG file.")
+@click.option("--max-points", default=50000, show_default=True, help="Pairs drawn (a uniform sample).")
+@click.option("--seed", default=1, show_default=True)
+@_fail_cleanly
+def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
+    """Figure 3: RNN log p against translation-model log p for the pairs of a scored TABLE."""
+    from .analyze import score_scatter
+
+    r = score_scatter(table, output, tm_column, rnn_column, max_points, seed)
+    click.echo(f"{r['points']} of {r['pairs']} pairs, Pearson r = {r['pearson']:.3f} -> {output}", err=True)
+
+
+@analyze.command("words")
+@click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", required=True, help="PNG file.")
+@click.option("--words", default=1000, show_default=True, help="Most frequent shortlist words mapped.")
+@click.option("--labels", default=150, show_default=True, help="Most labels drawn (never overlapping).")
+@click.option("--side", default="source", show_default=True, type=click.Choice(["source", "target"]))
+@click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
+@click.option("--seed", default=1, show_default=True)
+@_fail_cleanly
+def analyze_words(model_dir, output, words, labels, side, vectors, seed):
+    """Figure 4: a 2-D t-SNE map of the model's word embeddings."""
+    from .analyze import embedding_map
+    from .modelio import load_model
+
+    r = embedding_map(load_model(model_dir), output, words, labels, side, vectors, seed)
+    click.echo(f"{r.points} words, {r.labels} labelled -> {output}", err=True)
+
+
+@analyze.command("phrases")
+@click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", required=True, help="PNG file.")
+@click.option("--phrases", default=1000, show_default=True, help="Most frequent long source phrases mapped.")
+@click.option("--labels", default=60, show_default=True, help="Most labels drawn (never overlapping).")
+@click.option("--min-words", default=4, show_default=True)
+@click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
+@click.option("--seed", default=1, show_default=True)
+@_fail_cleanly
+def analyze_phrases(table, model_dir, output, phrases, labels, min_words, vectors, seed):
+    """Figure 5: a 2-D t-SNE map of the representations of TABLE's long source phrases."""
+    from .analyze import phrase_map
+    from .modelio import load_model
+
+    r = phrase_map(load_model(model_dir), table, output, phrases, labels, min_words, vectors, seed)
+    click.echo(f"{r.points} phrases, {r.labels} labelled -> {output}", err=True)
 
 
 if __name__ == "__main__":

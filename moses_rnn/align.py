@@ -1,0 +1,59 @@
+"""Soft alignments of an RNNsearch model, drawn as in Bahdanau et al. (2015), Figure 3.
+
+Each row of the matrix is alpha_i (the weights of target word i over the
+source words), each column a source word; white is 1, black 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .analyze import _pyplot, save_figure
+from .generate import Generator
+from .vocab import EOS
+
+
+@dataclass
+class Alignment:
+    source: list[str]
+    target: list[str]  # target words then </s>
+    weights: np.ndarray  # alpha [len(target), len(source)]; rows sum to 1
+
+
+@torch.inference_mode()
+def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5) -> Alignment:
+    """alpha of (source, target); with no target, of the model's beam-search translation."""
+    model = loaded.model
+    if not hasattr(model, "alignment"):
+        raise ValueError(f"a {loaded.config.arch!r} model has no alignment; train with --arch rnnsearch")
+    src_words = source.split()
+    if not src_words:
+        raise ValueError("empty source sentence")
+    if target is None:
+        target = Generator(loaded).beam_search([source], beam=beam)[0][0].text
+    tgt_words = target.split()
+    dev = next(model.parameters()).device
+    src = torch.tensor([loaded.src_vocab.encode(src_words)], device=dev)
+    tgt = torch.tensor([loaded.tgt_vocab.encode(tgt_words) + [loaded.tgt_vocab.index[EOS]]], device=dev)
+    alpha = model.alignment(src, torch.ones_like(src, dtype=torch.bool), tgt)[0]
+    return Alignment(src_words, tgt_words + [EOS], alpha.float().cpu().numpy())
+
+
+def draw_alignment(a: Alignment, output: str) -> None:
+    """The heat map as PNG: source words along the top, target words down the side."""
+    plt = _pyplot()
+    S, T = len(a.source), len(a.target)
+    cell = 0.42
+    fig, ax = plt.subplots(figsize=(max(3.0, 1.6 + cell * S), max(2.5, 1.4 + cell * T)))
+    ax.imshow(a.weights, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+    ax.set_xticks(range(S))
+    ax.set_xticklabels(a.source, rotation=90, fontsize=10)
+    ax.set_yticks(range(T))
+    ax.set_yticklabels(a.target, fontsize=10)
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    save_figure(fig, output)
+    plt.close(fig)

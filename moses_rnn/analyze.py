@@ -1,0 +1,362 @@
+"""The paper's qualitative analysis (Cho et al. 2014, Section 4.4): Table 2 and Figures 3-5.
+
+- `table2`: for long source phrases (4 words or more), frequent and rare
+  ones, the top targets by the translation model's direct probability
+  p(target | source) beside the top targets by the RNN column that
+  `moses-rnn score` appended. Frequent/rare is read from the counts field
+  Moses writes ("count(target) count(source) count(pair)").
+- `score_scatter` (Figure 3): RNN log-probability against the translation
+  model's log-probability for the pairs of a scored table, a uniform random
+  sample of them when the table is large.
+- `embedding_map` / `phrase_map` (Figures 4 and 5): t-SNE maps
+  (scikit-learn) of the source word embeddings and of the phrase
+  representations c of long phrases, with labels on a subset chosen so that
+  no two labels overlap; the raw vectors are written in the TensorBoard
+  projector's TSV format for other tools.
+
+Every picture is written atomically as PNG with matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .phrasetable import read_phrase_table
+from .textio import InputError, atomic_output
+
+
+# ---------------------------------------------------------------------------
+# Table 2
+
+
+@dataclass
+class SourceEntry:
+    source: str
+    count: float  # count(source) from the counts field
+    by_tm: list[tuple[str, float]]  # (target, p(target | source)), best first
+    by_rnn: list[tuple[str, float]]  # (target, log p_RNN), best first
+
+
+@dataclass
+class Table2:
+    frequent: list[SourceEntry] = field(default_factory=list)
+    rare: list[SourceEntry] = field(default_factory=list)
+    long_sources: int = 0
+
+    def markdown(self) -> str:
+        out = []
+        for title, rows in (("Frequent source phrases", self.frequent), ("Rare source phrases", self.rare)):
+            out.append(f"### {title}\n")
+            out.append("| Source | count | Translation model (p(e\\|f)) | RNN Encoder-Decoder (log p) |")
+            out.append("|---|---:|---|---|")
+            for e in rows:
+                tm = "<br>".join(f"{_md(t)} ({p:.3g})" for t, p in e.by_tm)
+                rnn = "<br>".join(f"{_md(t)} ({lp:.2f})" for t, lp in e.by_rnn)
+                out.append(f"| {_md(e.source)} | {e.count:g} | {tm} | {rnn} |")
+            if not rows:
+                out.append("| (none) | | | |")
+            out.append("")
+        return "\n".join(out)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _source_groups(table: str):
+    """Yield (source, [pairs]) for each run of consecutive lines with the same source."""
+    group, source = [], None
+    for pair in read_phrase_table(table):
+        if pair.source != source and group:
+            yield source, group
+            group = []
+        source = pair.source
+        group.append(pair)
+    if group:
+        yield source, group
+
+
+def source_count(pair, table: str) -> float:
+    """count(source): the second number of the counts field (the fifth field)."""
+    f = pair.fields
+    counts = f[1].split() if len(f) >= 2 else []
+    if len(counts) < 2:
+        raise InputError(table, pair.lineno, "no counts field 'count(target) count(source) count(pair)' "
+                         "(needed to split frequent from rare phrases)")
+    try:
+        return float(counts[1])
+    except ValueError:
+        raise InputError(table, pair.lineno, f"count {counts[1]!r} is not a number") from None
+
+
+def table2(
+    table: str,
+    tm_column: int = 2,
+    rnn_column: int = -1,
+    min_words: int = 4,
+    per_group: int = 5,
+    top: int = 3,
+    rare_max: float = 1,
+    min_targets: int = 2,
+    seed: int = 1,
+) -> Table2:
+    """Table 2 from a table scored by `moses-rnn score` (its RNN column is `rnn_column`).
+
+    Frequent: the `per_group` long sources with the highest count(source).
+    Rare: `per_group` long sources drawn at random (seeded) among those with
+    count(source) <= `rare_max`. Only sources with at least `min_targets`
+    targets are considered. The table must be grouped by source phrase, as
+    Moses writes it; it is streamed, so any size works.
+    """
+    rng = random.Random(seed)
+    frequent: list[tuple[float, str, SourceEntry]] = []  # min-heap on count
+    rare: list[SourceEntry] = []
+    rare_seen = 0
+    seen: set[int] = set()
+    result = Table2()
+    for source, group in _source_groups(table):
+        if len(source.split()) < min_words:
+            continue
+        key = hash(source)
+        if key in seen:
+            raise InputError(table, group[0].lineno, f"source {source!r} seen again: the table is not grouped by source")
+        seen.add(key)
+        result.long_sources += 1
+        if len(group) < min_targets:
+            continue
+        count = source_count(group[0], table)
+        is_rare = count <= rare_max
+        if not is_rare and len(frequent) == per_group and (count, source) <= frequent[0][:2]:
+            continue
+        if is_rare:  # reservoir sampling: each rare source kept with probability per_group / seen
+            rare_seen += 1
+            slot = len(rare) if len(rare) < per_group else rng.randrange(rare_seen)
+            if slot >= per_group:
+                continue
+        scored = []
+        for p in group:
+            s = p.scores
+            try:
+                scored.append((p.target, s[tm_column], math.log(s[rnn_column])))
+            except IndexError:
+                raise InputError(table, p.lineno, f"{len(s)} scores: no column {tm_column} or {rnn_column}") from None
+        by_tm = sorted(scored, key=lambda x: (-x[1], x[0]))[:top]
+        by_rnn = sorted(scored, key=lambda x: (-x[2], x[0]))[:top]
+        entry = SourceEntry(source, count, [(t, p) for t, p, _ in by_tm], [(t, lp) for t, _, lp in by_rnn])
+        if is_rare:
+            if slot < len(rare):
+                rare[slot] = entry
+            else:
+                rare.append(entry)
+        elif len(frequent) < per_group:
+            heapq.heappush(frequent, (count, source, entry))
+        else:
+            heapq.heapreplace(frequent, (count, source, entry))
+    result.frequent = [e for _, _, e in sorted(frequent, key=lambda x: (-x[0], x[1]))]
+    result.rare = sorted(rare, key=lambda e: e.source)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Figure 3
+
+
+def sample_scores(table: str, tm_column: int = 2, rnn_column: int = -1, max_points: int = 50000, seed: int = 1):
+    """(log p_TM, log p_RNN, total pairs) for a uniform random sample (reservoir) of the table's pairs."""
+    rng = random.Random(seed)
+    xs, ys, n = [], [], 0
+    for pair in read_phrase_table(table):
+        s = pair.scores
+        try:
+            x, y = math.log(s[tm_column]), math.log(s[rnn_column])
+        except IndexError:
+            raise InputError(table, pair.lineno, f"{len(s)} scores: no column {tm_column} or {rnn_column}") from None
+        n += 1
+        if len(xs) < max_points:
+            xs.append(x)
+            ys.append(y)
+        else:
+            j = rng.randrange(n)
+            if j < max_points:
+                xs[j], ys[j] = x, y
+    return np.array(xs), np.array(ys), n
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: str, dpi: int = 150) -> None:
+    with atomic_output(path, compress=False) as f:
+        fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
+
+
+def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int = -1,
+                  max_points: int = 50000, seed: int = 1) -> dict:
+    """Figure 3 as PNG; returns the number of pairs, points drawn and the correlations."""
+    x, y, n = sample_scores(table, tm_column, rnn_column, max_points, seed)
+    if len(x) == 0:
+        raise ValueError(f"{table}: no phrase pairs")
+    pearson = float(np.corrcoef(x, y)[0, 1]) if len(x) > 1 and x.std() > 0 and y.std() > 0 else float("nan")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    alpha = float(np.clip(2000 / len(x), 0.05, 0.8))
+    ax.scatter(x, y, s=4, alpha=alpha, color="tab:blue", edgecolors="none", rasterized=True)
+    ax.set_xlabel("translation model log p(target | source)")
+    ax.set_ylabel("RNN Encoder-Decoder log p(target | source)")
+    drawn = f"{len(x):,} of {n:,} pairs" if len(x) < n else f"{n:,} pairs"
+    ax.set_title(f"Phrase-pair scores ({drawn}), Pearson r = {pearson:.2f}", fontsize=10)
+    ax.grid(alpha=0.3)
+    save_figure(fig, output)
+    plt.close(fig)
+    return {"pairs": n, "points": len(x), "pearson": pearson}
+
+
+# ---------------------------------------------------------------------------
+# Figures 4 and 5
+
+
+def tsne_2d(vectors: np.ndarray, seed: int = 1, perplexity: float = 30.0) -> np.ndarray:
+    """2-D t-SNE (scikit-learn, Barnes-Hut) of the rows of `vectors`."""
+    from sklearn.manifold import TSNE
+
+    n = len(vectors)
+    if n < 3:
+        raise ValueError(f"t-SNE needs at least 3 points, got {n}")
+    perplexity = min(perplexity, (n - 1) / 3)  # scikit-learn requires perplexity < n
+    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(
+        np.asarray(vectors, dtype=np.float32)
+    )
+
+
+def write_vectors(path: str, labels: Sequence[str], vectors: np.ndarray) -> tuple[str, str]:
+    """PATH.vectors.tsv and PATH.labels.tsv (TensorBoard projector format), written atomically."""
+    vec_path, lab_path = f"{path}.vectors.tsv", f"{path}.labels.tsv"
+    with atomic_output(vec_path, compress=False) as f:
+        f.write("".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in np.asarray(vectors).tolist()).encode())
+    with atomic_output(lab_path, compress=False) as f:
+        f.write("".join(label.replace("\t", " ") + "\n" for label in labels).encode("utf-8"))
+    return vec_path, lab_path
+
+
+def labelled_map(points: np.ndarray, labels: Sequence[str], output: str, title: str,
+                 max_labels: int = 150, fontsize: float = 7.0, figsize=(11, 9)) -> int:
+    """Scatter `points` and label them in order of `labels` (most important first),
+    skipping any label that would overlap one already placed. Returns labels drawn."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=figsize)
+    ax.scatter(points[:, 0], points[:, 1], s=6, color="0.6", edgecolors="none")
+    ax.set_title(title, fontsize=11)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    pad = 0.03 * (points.max(0) - points.min(0) + 1e-9)
+    ax.set_xlim(points[:, 0].min() - pad[0], points[:, 0].max() + pad[0])
+    ax.set_ylim(points[:, 1].min() - pad[1], points[:, 1].max() + pad[1])
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    placed = []
+    for i, label in enumerate(labels):
+        if len(placed) >= max_labels:
+            break
+        text = ax.annotate(label, points[i], fontsize=fontsize, xytext=(2, 2), textcoords="offset points")
+        box = text.get_window_extent(renderer).expanded(1.05, 1.15)
+        inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+        if not inside or any(box.overlaps(b) for b in placed):
+            text.remove()
+            continue
+        placed.append(box)
+        ax.scatter(points[i, 0], points[i, 1], s=8, color="tab:red", edgecolors="none")
+    save_figure(fig, output)
+    plt.close(fig)
+    return len(placed)
+
+
+@dataclass
+class MapResult:
+    points: int
+    labels: int
+    vectors: tuple[str, str] | None
+
+
+def embedding_map(loaded, output: str, words: int = 1000, labels: int = 150, side: str = "source",
+                  vectors: str | None = None, seed: int = 1) -> MapResult:
+    """Figure 4: the `words` most frequent shortlist words' embeddings, t-SNE to 2-D."""
+    model = loaded.model
+    if side == "source":
+        vocab = loaded.src_vocab
+        table = model.encoder.embed if hasattr(model, "encoder") else model.src_embed
+    elif side == "target":
+        vocab, table = loaded.tgt_vocab, model.decoder.embed
+    else:
+        raise ValueError(f"side must be 'source' or 'target', not {side!r}")
+    ids = [i for i, w in enumerate(vocab.words) if vocab.counts[i] > 0][:words]  # reserved symbols have count 0
+    names = vocab.decode(ids)
+    emb = table.weight.detach()[ids].float().cpu().numpy()
+    points = tsne_2d(emb, seed)
+    drawn = labelled_map(points, names, output, f"{side.capitalize()} word embeddings (t-SNE, {len(ids)} "
+                         f"most frequent words)", labels)
+    return MapResult(len(ids), drawn, write_vectors(vectors, names, emb) if vectors else None)
+
+
+def long_sources(table: str, min_words: int = 4, limit: int = 1000) -> list[str]:
+    """The `limit` long source phrases of `table` with the highest count(source) (first seen if no counts)."""
+    heap: list[tuple[float, int, str]] = []
+    seen: set[str] = set()
+    order = 0
+    for pair in read_phrase_table(table):
+        s = pair.source
+        if s in seen or len(s.split()) < min_words:
+            continue
+        seen.add(s)
+        f = pair.fields
+        counts = f[1].split() if len(f) >= 2 else []
+        count = float(counts[1]) if len(counts) >= 2 else 0.0
+        order += 1
+        item = (count, -order, s)  # ties: earlier phrase first
+        if len(heap) < limit:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+    return [s for _, _, s in sorted(heap, reverse=True)]
+
+
+@torch.inference_mode()
+def phrase_vectors(loaded, phrases: Sequence[str], batch: int = 256) -> np.ndarray:
+    """Phrase representations: c = tanh(V h_N) of the encoder-decoder (Cho et al., Eq. 8
+    summary); for RNNsearch, [h->_N ; h<-_1] (see RNNSearch.phrase_vector)."""
+    model = loaded.model
+    dev = next(model.parameters()).device
+    out = []
+    for i in range(0, len(phrases), batch):
+        ids = [loaded.src_vocab.encode(p.split()) for p in phrases[i : i + batch]]
+        T = max(len(x) for x in ids)
+        src = torch.tensor([x + [0] * (T - len(x)) for x in ids], dtype=torch.long, device=dev)
+        mask = torch.tensor([[True] * len(x) + [False] * (T - len(x)) for x in ids], device=dev)
+        v = model.phrase_vector(src, mask) if hasattr(model, "phrase_vector") else model.encoder(src, mask)
+        out.append(v.float().cpu().numpy())
+    return np.concatenate(out)
+
+
+def phrase_map(loaded, table: str, output: str, phrases: int = 1000, labels: int = 60, min_words: int = 4,
+               vectors: str | None = None, seed: int = 1) -> MapResult:
+    """Figure 5: t-SNE map of the representations of the table's most frequent long source phrases."""
+    chosen = long_sources(table, min_words, phrases)
+    if len(chosen) < 3:
+        raise ValueError(f"{table}: only {len(chosen)} source phrases of {min_words} or more words")
+    vecs = phrase_vectors(loaded, chosen)
+    points = tsne_2d(vecs, seed)
+    drawn = labelled_map(points, chosen, output, f"Phrase representations (t-SNE, {len(chosen)} source phrases "
+                         f"of {min_words}+ words)", labels, fontsize=6.5)
+    return MapResult(len(chosen), drawn, write_vectors(vectors, chosen, vecs) if vectors else None)

@@ -1,0 +1,248 @@
+"""Generating target phrases from a trained model: sampling and beam search.
+
+Both work on any architecture through one step interface:
+
+    state = start_state(ctx)                        # h'_0 (encdec) or s_0 (rnnsearch)
+    logits, state = step(ctx, state, e_prev)        # p(y_t | y_<t, x) and the next state
+
+where `e_prev` is the embedding of the previous word (zeros before the first
+word, as in training). `stepper(model)` gives that interface for a model:
+RNNsearch has it natively, the encoder-decoder gets a small adapter.
+
+Every source phrase of a call is decoded together in one batch (padded,
+masked), so a file of phrases costs a few large matrix products per step.
+
+- `sample`: N ancestral samples per phrase; distinct targets with their
+  counts, ranked by the model's log-probability (Cho et al. 2014, Table 3).
+- `beam_search`: the usual beam search; a hypothesis ends when it emits
+  </s>; at most `max_len(source)` words; optional length normalisation
+  (log p divided by the number of target symbols, </s> included, the same
+  normalisation as `moses-rnn score --normalize`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .modelio import LoadedModel
+from .vocab import EOS
+
+
+class _EncDecStepper:
+    """The step interface for the encoder-decoder (Cho et al., 2014, Appendix A.1.2)."""
+
+    def __init__(self, model):
+        self.model, self.decoder = model, model.decoder
+
+    def start_state(self, ctx):
+        return ctx.h0  # h'_0 = tanh(V' c)
+
+    def step(self, ctx, h, e_prev):
+        d = self.decoder
+        h = d.step(d.W(e_prev), h, ctx.Cc)  # h'_t from e(y_{t-1}), h'_{t-1}, c
+        return d.logits(d.readout(h, e_prev, ctx.Oc)), h
+
+
+def stepper(model):
+    return model if hasattr(model, "step") and hasattr(model, "start_state") else _EncDecStepper(model)
+
+
+@dataclass
+class Hypothesis:
+    words: list[str]
+    log_prob: float  # natural log p(words </s> | source)
+    score: float  # what the ranking used: log_prob, or log_prob per target symbol
+    count: int = 1  # samples that drew this target (sampling only)
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.words)
+
+
+def max_words(src_len: int, ratio: float, extra: int) -> int:
+    """The longest target allowed for a source of `src_len` words."""
+    return max(1, int(math.floor(ratio * src_len)) + extra)
+
+
+class Generator:
+    def __init__(self, loaded: LoadedModel):
+        self.model = loaded.model.eval()
+        self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
+        self.device = next(self.model.parameters()).device
+        self.eos = self.tgt_vocab.index[EOS]
+        self.unk = self.tgt_vocab.unk_id
+        self.stepper = stepper(self.model)
+        self.embed = self.model.decoder.embed
+
+    def _encode(self, sources: Sequence[str]):
+        """Right-padded source ids and mask; the model's context; source lengths."""
+        ids = [self.src_vocab.encode(s.split()) for s in sources]
+        for i, s in enumerate(ids):
+            if not s:
+                raise ValueError(f"source phrase {i + 1} is empty")
+        T = max(len(s) for s in ids)
+        src = torch.zeros(len(ids), T, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(ids), T, dtype=torch.bool, device=self.device)
+        for i, s in enumerate(ids):
+            src[i, : len(s)] = torch.tensor(s, device=self.device)
+            mask[i, : len(s)] = True
+        return self.model.context(src, mask), [len(s) for s in ids]
+
+    def _allowed(self, logp: torch.Tensor, t: int, limit: torch.Tensor, allow_unk: bool) -> torch.Tensor:
+        """Log-probabilities with forbidden choices at -inf: </s> first (no empty target),
+        any word past the length limit, and [UNK] unless allowed."""
+        logp = logp.clone()
+        if t == 0:
+            logp[:, self.eos] = -math.inf
+        if not allow_unk:
+            logp[:, self.unk] = -math.inf
+        over = limit <= t  # rows that must stop now
+        if bool(over.any()):
+            keep = logp[over, self.eos].clone()
+            logp[over] = -math.inf
+            logp[over, self.eos] = keep
+        return logp
+
+    def _decode(self, rows: torch.Tensor) -> list[str]:
+        words = self.tgt_vocab.decode(r for r in rows.tolist() if r != self.eos)
+        return words
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        sources: Sequence[str],
+        n: int = 50,
+        seed: int = 1,
+        len_ratio: float = 2.0,
+        len_extra: int = 3,
+        allow_unk: bool = True,
+        temperature: float = 1.0,
+    ) -> list[list[Hypothesis]]:
+        """N samples per source; distinct targets ranked by log p, with their counts."""
+        if n < 1:
+            raise ValueError("the number of samples must be at least 1")
+        ctx, lens = self._encode(sources)
+        B = len(sources)
+        rows = torch.arange(B, device=self.device).repeat_interleave(n)  # n copies of each source
+        ctx = ctx.select(rows)
+        limit = torch.tensor([max_words(lens[b], len_ratio, len_extra) for b in rows.tolist()], device=self.device)
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        state = self.stepper.start_state(ctx)
+        e_prev = self.embed.weight.new_zeros(B * n, self.embed.embedding_dim)  # E y_0 = 0
+        done = torch.zeros(B * n, dtype=torch.bool, device=self.device)
+        total = torch.zeros(B * n, dtype=torch.float64, device=self.device)
+        out = []
+        for t in range(int(limit.max()) + 1):
+            logits, state = self.stepper.step(ctx, state, e_prev)
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            probs = torch.softmax(self._allowed(logp, t, limit, allow_unk) / temperature, dim=-1)
+            y = torch.multinomial(probs, 1, generator=gen).squeeze(1)
+            y = torch.where(done, torch.full_like(y, self.eos), y)
+            total += torch.where(done, 0.0, logp.gather(1, y[:, None]).squeeze(1).double())
+            out.append(y)
+            done |= y == self.eos
+            if bool(done.all()):
+                break
+            e_prev = self.embed(y)
+        seqs = torch.stack(out, 1).cpu()
+        total = total.cpu().tolist()
+        results = []
+        for b in range(B):
+            counts: Counter = Counter()
+            logps: dict[tuple, float] = {}
+            for k in range(b * n, (b + 1) * n):
+                words = tuple(self._decode(seqs[k]))
+                counts[words] += 1
+                logps[words] = total[k]
+            hyps = [Hypothesis(list(w), logps[w], logps[w], counts[w]) for w in counts]
+            results.append(sorted(hyps, key=lambda h: (-h.score, -h.count, h.text)))
+        return results
+
+    @torch.inference_mode()
+    def beam_search(
+        self,
+        sources: Sequence[str],
+        beam: int = 5,
+        n_best: int = 1,
+        len_ratio: float = 2.0,
+        len_extra: int = 3,
+        normalize: bool = False,
+        allow_unk: bool = True,
+    ) -> list[list[Hypothesis]]:
+        """The `n_best` best targets of each source (n_best <= beam), best first.
+
+        Each step extends every live hypothesis by every word and keeps the
+        2K best candidates of each source: those ending in </s> are finished,
+        the K best others stay live. A source is done when it has K finished
+        hypotheses or reaches its length limit (where only </s> is allowed).
+        """
+        if beam < 1 or not 1 <= n_best <= beam:
+            raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
+        K = beam
+        ctx, lens = self._encode(sources)
+        B, dev = len(sources), self.device
+        ctx = ctx.select(torch.arange(B, device=dev).repeat_interleave(K))
+        limit = torch.tensor([max_words(n, len_ratio, len_extra) for n in lens], device=dev).repeat_interleave(K)
+        state = self.stepper.start_state(ctx)
+        e_prev = self.embed.weight.new_zeros(B * K, self.embed.embedding_dim)
+        # live scores [B, K]: one live hypothesis per source to start with
+        live = torch.full((B, K), -math.inf, dtype=torch.float64, device=dev)
+        live[:, 0] = 0.0
+        tokens = torch.zeros(B, K, 0, dtype=torch.long, device=dev)
+        finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+        active = [True] * B
+        V = len(self.tgt_vocab)
+        for t in range(int(limit.max()) + 1):
+            logits, state = self.stepper.step(ctx, state, e_prev)
+            logp = self._allowed(torch.log_softmax(logits.float(), dim=-1), t, limit, allow_unk)
+            cand = (live[:, :, None] + logp.double().view(B, K, V)).view(B, K * V)
+            top, idx = cand.topk(min(2 * K, K * V), dim=1)  # [B, 2K]
+            origin, word = idx // V, idx % V
+            new_live = torch.full((B, K), -math.inf, dtype=torch.float64, device=dev)
+            new_origin = torch.zeros(B, K, dtype=torch.long, device=dev)
+            new_word = torch.full((B, K), self.eos, dtype=torch.long, device=dev)
+            top_l, origin_l, word_l = top.tolist(), origin.tolist(), word.tolist()
+            for b in range(B):
+                if not active[b]:
+                    continue
+                k = 0
+                for j in range(len(top_l[b])):
+                    score = top_l[b][j]
+                    if score == -math.inf:
+                        break
+                    if word_l[b][j] == self.eos:
+                        if len(finished[b]) < K:
+                            words = self._decode(tokens[b, origin_l[b][j]])
+                            norm = score / (len(words) + 1) if normalize else score
+                            finished[b].append(Hypothesis(words, score, norm))
+                    elif k < K:
+                        new_live[b, k], new_origin[b, k], new_word[b, k] = score, origin_l[b][j], word_l[b][j]
+                        k += 1
+                if len(finished[b]) >= K or k == 0:
+                    active[b] = False
+                    new_live[b] = -math.inf
+            if not any(active):
+                break
+            flat = (torch.arange(B, device=dev)[:, None] * K + new_origin).view(-1)
+            state = state[flat]
+            tokens = torch.cat([tokens.gather(1, new_origin[:, :, None].expand_as(tokens)), new_word[:, :, None]], 2)
+            live = new_live
+            e_prev = self.embed(new_word.view(-1))
+        return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
+
+
+def read_sources(path: str) -> list[str]:
+    """Source phrases, one per line, from a plain or gzip file ('-' for stdin)."""
+    from .textio import InputError, iter_lines
+
+    out = []
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            raise InputError(path, lineno, "empty source phrase")
+        out.append(line.strip())
+    return out
