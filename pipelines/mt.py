@@ -1,0 +1,187 @@
+"""Small text steps of the Moses pipeline (pipelines/Makefile): no Moses needed.
+
+    python mt.py prepare --src en --trg fr IN_PREFIX OUT_PREFIX [--lines N] [--max-len 80] [--max-ratio 9]
+    python mt.py symmetrize FWD REV OUT          # grow-diag-final-and, Pharaoh "i-j" links
+    python mt.py detok --lang fr IN OUT
+    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...]
+
+Every output is written atomically (a temporary file renamed on success), so
+make never sees a half-written file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+from moses_rnn.textio import atomic_output, iter_lines
+
+SYSTEMS = ["baseline", "rnn", "cslm-rnn", "cslm-rnn-wp"]
+LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP"}
+
+
+def _write_lines(path: str, lines) -> int:
+    n = 0
+    with atomic_output(path, compress=False) as out:
+        for line in lines:
+            out.write(line.encode("utf-8") + b"\n")
+            n += 1
+    return n
+
+
+def prepare(args) -> None:
+    """Tokenize (Moses escaping), lowercase, and for training data filter by length.
+
+    Writes OUT.SRC, OUT.TRG (tokenized) and OUT.ref.TRG (the raw target side of
+    the kept lines, the reference that detokenized output is scored against).
+    """
+    from sacremoses import MosesTokenizer
+
+    tok = {lang: MosesTokenizer(lang=lang) for lang in (args.src, args.trg)}
+    src_path, trg_path = f"{args.input}.{args.src}", f"{args.input}.{args.trg}"
+    kept, seen, dropped = [], 0, 0
+    for pair in itertools.zip_longest(iter_lines(src_path), iter_lines(trg_path)):
+        if args.lines and seen >= args.lines:
+            break
+        if None in pair:
+            raise SystemExit(f"{src_path} and {trg_path} have different line counts")
+        (ln, s), (_, t) = pair
+        if args.stride > 1 and (ln - 1) % args.stride:
+            continue
+        seen += 1  # lines sampled; --lines counts these
+        ts = tok[args.src].tokenize(s.strip(), escape=True, return_str=True, aggressive_dash_splits=True)
+        tt = tok[args.trg].tokenize(t.strip(), escape=True, return_str=True, aggressive_dash_splits=True)
+        if args.lowercase:
+            ts, tt = ts.lower(), tt.lower()
+        if args.max_len:
+            ns, nt = len(ts.split()), len(tt.split())
+            if not ns or not nt or ns > args.max_len or nt > args.max_len or max(ns, nt) > args.max_ratio * min(ns, nt):
+                dropped += 1
+                continue
+        kept.append((ts, tt, t.strip()))
+    _write_lines(f"{args.output}.ref.{args.trg}", (r for _, _, r in kept))
+    _write_lines(f"{args.output}.{args.trg}", (t for _, t, _ in kept))
+    _write_lines(f"{args.output}.{args.src}", (s for s, _, _ in kept))
+    print(f"{args.output}: {len(kept)} pairs kept, {dropped} dropped by length", file=sys.stderr)
+
+
+def _links(line: str) -> set[tuple[int, int]]:
+    out = set()
+    for tok in line.split():
+        i, _, j = tok.partition("-")
+        out.add((int(i), int(j)))
+    return out
+
+
+def grow_diag_final_and(fwd: set, rev: set) -> set:
+    """Koehn et al.'s grow-diag-final-and symmetrisation of two directional alignments (i = source)."""
+    union, align = fwd | rev, set(fwd & rev)
+    neighbours = [(-1, 0), (0, -1), (1, 0), (0, 1), (-1, -1), (-1, 1), (1, -1), (1, 1)]
+
+    def src_aligned(i):
+        return any(a == i for a, _ in align)
+
+    def trg_aligned(j):
+        return any(b == j for _, b in align)
+
+    added = True
+    while added:
+        added = False
+        for i, j in sorted(align):
+            for di, dj in neighbours:
+                p = (i + di, j + dj)
+                if p in union and p not in align and (not src_aligned(p[0]) or not trg_aligned(p[1])):
+                    align.add(p)
+                    added = True
+    for direction in (fwd, rev):  # final-and: both words still unaligned
+        for i, j in sorted(direction):
+            if not src_aligned(i) and not trg_aligned(j):
+                align.add((i, j))
+    return align
+
+
+def symmetrize(args) -> None:
+    fwd, rev = iter_lines(args.forward), iter_lines(args.reverse)
+
+    def gen():
+        for (ln, f), (_, r) in zip(fwd, rev, strict=True):
+            links = grow_diag_final_and(_links(f), _links(r))
+            yield " ".join(f"{i}-{j}" for i, j in sorted(links))
+
+    n = _write_lines(args.output, gen())
+    print(f"{args.output}: {n} sentence alignments", file=sys.stderr)
+
+
+def detok(args) -> None:
+    from sacremoses import MosesDetokenizer
+
+    md = MosesDetokenizer(lang=args.lang)
+    _write_lines(args.output, (md.detokenize(line.split(), unescape=True) for _, line in iter_lines(args.input)))
+
+
+def _bleu(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def report(args) -> None:
+    work = Path(args.work)
+    rows, signature = [], None
+    for system in args.systems.replace(",", " ").split():
+        dev, test = (_bleu(work / "systems" / system / f"{part}.bleu.json") for part in ("dev", "test"))
+        if dev is None and test is None:
+            continue
+        signature = signature or (test or dev).get("signature")
+        cells = [f"{d['score']:.2f}" if d else "–" for d in (dev, test)]
+        rows.append(f"| {LABELS.get(system, system)} | {cells[0]} | {cells[1]} |")
+    lines = ["| Models | BLEU dev | BLEU test |", "|---|---:|---:|", *rows]
+    if signature:
+        lines += ["", f"sacrebleu signature: `{signature}`"]
+    notes = work / "NOTES.md"
+    if notes.exists():
+        lines += ["", notes.read_text().strip()]
+    _write_lines(args.output, lines)
+    print("\n".join(lines))
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("prepare")
+    a.add_argument("input", help="prefix: INPUT.SRC and INPUT.TRG")
+    a.add_argument("output", help="prefix of the outputs")
+    a.add_argument("--src", required=True)
+    a.add_argument("--trg", required=True)
+    a.add_argument("--lines", type=int, default=0, help="use only the first N (sampled) lines (0: all)")
+    a.add_argument("--stride", type=int, default=1, help="use every K-th line (a sample across the corpus)")
+    a.add_argument("--max-len", type=int, default=0, help="drop pairs with a side longer than this (0: keep all)")
+    a.add_argument("--max-ratio", type=float, default=9.0)
+    a.add_argument("--no-lowercase", dest="lowercase", action="store_false")
+    a.set_defaults(fn=prepare)
+    a = sub.add_parser("symmetrize")
+    a.add_argument("forward")
+    a.add_argument("reverse")
+    a.add_argument("output")
+    a.set_defaults(fn=symmetrize)
+    a = sub.add_parser("detok")
+    a.add_argument("input")
+    a.add_argument("output")
+    a.add_argument("--lang", required=True)
+    a.set_defaults(fn=detok)
+    a = sub.add_parser("report")
+    a.add_argument("work")
+    a.add_argument("output")
+    a.add_argument("--systems", default=",".join(SYSTEMS))
+    a.set_defaults(fn=report)
+    args = p.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""pipelines/: the Makefile's plan, its Moses-free steps on a slice of the shared corpus, and mt.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPE = ROOT / "pipelines"
+sys.path.insert(0, str(PIPE))
+import mt  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def _make(*args, cwd=PIPE, env_extra=None, **vars_):
+    bindir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), **(env_extra or {})}
+    env.pop("MAKEFLAGS", None)
+    env.pop("MOSES", None)
+    cmd = ["make", "--no-print-directory", "-C", str(cwd), f"PYTHON={sys.executable}", *args]
+    cmd += [f"{k}={v}" for k, v in vars_.items()]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    for step in ["mt.py prepare", "eflomal-align", "mt.py symmetrize", "/opt/mosesdecoder/bin/lmplz",
+                 "/opt/mosesdecoder/bin/build_binary", "train-model.perl", "-first-step 4",
+                 "moses-rnn train", "moses-rnn score", "cslm train", "ini add-columns", "ini add-feature",
+                 "with-cslm.sh", "mt.py detok", "sacrebleu", "mt.py report"]:
+        assert step in plan, step
+    for system in mt.SYSTEMS:
+        assert f"systems/{system}/mert" in plan and f"systems/{system}/test.out" in plan
+    assert plan.count("mert-moses.pl") == 4
+    assert not (tmp_path / "w").exists()  # a dry run writes nothing
+
+
+def test_dry_run_without_moses(tmp_path):
+    r = _make("-n", "report", WORK=str(tmp_path / "w"))
+    assert r.returncode == 0, r.stderr
+    assert "mert-moses.pl" in r.stdout
+
+
+@pytest.mark.parametrize("target", ["phrases", "lm", "tune-baseline", "eval-rnn", "report"])
+def test_moses_steps_need_moses(tmp_path, target):
+    r = _make(target, WORK=str(tmp_path / "w"))
+    assert r.returncode != 0
+    msg = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(msg) == 1 and "MOSES is not set" in msg[0] and "MOSES=/path/to/mosesdecoder" in msg[0]
+    assert not (tmp_path / "w").exists()
+    r = _make(target, WORK=str(tmp_path / "w"), MOSES=str(tmp_path))
+    assert r.returncode != 0 and "has no bin/moses" in r.stderr
+
+
+def test_prepare_and_align_on_a_slice(tmp_path, shared_data):
+    if shutil.which("eflomal-align", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("eflomal is not installed")
+    work = tmp_path / "w"
+    args = dict(WORK=str(work), DATA=str(shared_data / "en-fr"), TRAIN_LINES=400, TRAIN_STRIDE=50,
+                DEV_LINES=30, TEST_LINES=25, EFLOMAL_ARGS="-m 1")
+    r = _make("prepare", "align", **args)
+    assert r.returncode == 0, r.stderr
+    data = work / "data"
+    lines = {p.name: p.read_text(encoding="utf-8").splitlines() for p in data.iterdir()}
+    assert len(lines["dev.en"]) == len(lines["dev.fr"]) == len(lines["dev.ref.fr"]) == 30
+    assert len(lines["test.en"]) == 25
+    n = len(lines["train.en"])
+    assert 300 <= n <= 400 and len(lines["train.fr"]) == n
+    # tokenized and lowercased with Moses escaping, the reference raw
+    assert all(line == line.lower() for line in lines["train.fr"])
+    assert any("&apos;" in line for line in lines["train.fr"] + lines["dev.fr"])
+    assert any(any(c.isupper() for c in line) for line in lines["dev.ref.fr"])
+    # every link points inside its sentence pair
+    links = (work / "align" / "aligned.grow-diag-final-and").read_text().splitlines()
+    assert len(links) == n
+    for src, trg, a in zip(lines["train.en"], lines["train.fr"], links):
+        for link in a.split():
+            i, j = map(int, link.split("-"))
+            assert i < len(src.split()) and j < len(trg.split())
+    assert not list(work.rglob("*.tmp")) and not list(work.rglob(".*.tmp"))
+    # incremental: nothing left to do; touching the corpus slice redoes the alignment only
+    r = _make("-q", "prepare", "align", **args)
+    assert r.returncode == 0
+    r = _make("prepare", "align", **args)
+    assert "Nothing to be done" in r.stdout or "is up to date" in r.stdout
+
+
+def test_grow_diag_final_and():
+    fwd = {(0, 0), (1, 2), (2, 1)}
+    rev = {(0, 0), (1, 1), (1, 2), (3, 3)}
+    got = mt.grow_diag_final_and(fwd, rev)
+    # the intersection, grown by (1,1) (beside (1,2), target word 1 unaligned) and
+    # (2,1) (diagonal to (1,2), source word 2 unaligned); final-and adds (3,3)
+    assert got == {(0, 0), (1, 2), (1, 1), (2, 1), (3, 3)}
+    assert got <= fwd | rev
+    assert mt.grow_diag_final_and(set(), set()) == set()
+    assert mt.grow_diag_final_and({(0, 1)}, {(0, 1)}) == {(0, 1)}
+
+
+def test_detok_and_report(tmp_path):
+    src = tmp_path / "out"
+    src.write_text("l&apos; homme n&apos; a pas &amp; de chance .\n", encoding="utf-8")
+    mt.main(["detok", "--lang", "fr", str(src), str(tmp_path / "detok")])
+    assert (tmp_path / "detok").read_text(encoding="utf-8") == "l'homme n'a pas & de chance.\n"
+
+    sig = "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    for system, (dev, test) in {"baseline": (20.1, 21.5), "rnn": (20.9, 22.0)}.items():
+        d = tmp_path / "systems" / system
+        d.mkdir(parents=True)
+        for part, score in (("dev", dev), ("test", test)):
+            (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn"])
+    table = (tmp_path / "report.md").read_text().splitlines()
+    assert table[0] == "| Models | BLEU dev | BLEU test |"
+    assert "| Baseline | 20.10 | 21.50 |" in table and "| RNN | 20.90 | 22.00 |" in table
+    assert not any("CSLM" in line for line in table)
+    assert any(sig in line for line in table)
