@@ -7,6 +7,11 @@ import itertools
 from pathlib import Path
 
 import pytest
+import torch
+
+# Tests check results, not speed: one intra-op thread avoids oversubscribing
+# small CI machines when tests, servers and subprocesses run side by side.
+torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
