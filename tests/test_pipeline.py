@@ -124,3 +124,39 @@ def test_detok_and_report(tmp_path):
     assert "| Baseline | 20.10 | 21.50 |" in table and "| RNN | 20.90 | 22.00 |" in table
     assert not any("CSLM" in line for line in table)
     assert any(sig in line for line in table)
+
+
+# ---- the Moses feature function's Moses-independent parts (cslm/moses/) ----------------
+
+MOSES_FF = ROOT / "cslm" / "moses"
+
+
+def test_feature_ngram_logic_compiles_and_passes(tmp_path):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path / "cslm_ngrams_test"
+    subprocess.run([cxx, "-std=c++11", "-O1", "-Wall", "-Werror", "-o", str(exe),
+                    str(MOSES_FF / "cslm_ngrams_test.cc")], check=True, timeout=120)
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "all checks passed" in r.stdout
+
+
+def test_add_to_moses_registers_once(tmp_path):
+    ff = tmp_path / "mosesdecoder" / "moses" / "FF"
+    ff.mkdir(parents=True)
+    factory = ff / "Factory.cpp"
+    factory.write_text('#include "util/exception.hh"\n#include "moses/FF/Factory.h"\n#include "x.h"\n'
+                       "void f() {\n  MOSES_FNAME(ExampleStatefulFF);\n  MOSES_FNAME(Other);\n}\n")
+    for _ in range(2):
+        r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path / "mosesdecoder")],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    text = factory.read_text()
+    assert text.count('#include "moses/FF/CSLM.h"') == 1 and text.count("MOSES_FNAME(CSLM);") == 1
+    assert text.index("MOSES_FNAME(ExampleStatefulFF);") < text.index("MOSES_FNAME(CSLM);")
+    names = {p.name for p in ff.iterdir()}
+    assert {"CSLM.h", "CSLM.cpp", "cslm_ngrams.h", "cslm_client.h", "cslm_client.cpp"} <= names
+    r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode != 0 and "a mosesdecoder checkout?" in r.stderr

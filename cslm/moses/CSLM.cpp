@@ -1,0 +1,291 @@
+// CSLM.cpp -- see CSLM.h and docs/moses-feature.md.
+#include "CSLM.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <boost/functional/hash.hpp>
+#include <boost/scoped_ptr.hpp>
+
+#include "cslm_client.h"
+#include "cslm_ngrams.h"
+#include "moses/Factor.h"
+#include "moses/Hypothesis.h"
+#include "moses/Phrase.h"
+#include "moses/ScoreComponentCollection.h"
+#include "moses/TargetPhrase.h"
+#include "moses/TranslationOption.h"
+#include "moses/TranslationOptionList.h"
+#include "moses/Word.h"
+#include "util/exception.hh"
+
+namespace Moses {
+
+size_t CSLMState::hash() const { return boost::hash_range(m_words.begin(), m_words.end()); }
+
+bool CSLMState::operator==(const FFState& other) const {
+  return m_words == static_cast<const CSLMState&>(other).m_words;
+}
+
+struct CSLM::ThreadData {
+  ThreadData(size_t cache_size) : cache(cache_size), requests(0) {}
+  boost::scoped_ptr<cslm::Client> client;
+  cslm::NgramCache cache;
+  boost::unordered_map<const Factor*, uint32_t> ids;  // this thread's word -> id memo
+  size_t requests;
+};
+
+CSLM::CSLM(const std::string& line)
+    : StatefulFeatureFunction(2, line),
+      m_host("127.0.0.1"),
+      m_port(-1),
+      m_order(0),
+      m_iniOrder(0),
+      m_factorType(0),
+      m_timeout(60.0),
+      m_retries(3),
+      m_cacheSize(1000000),
+      m_floor(-100.0f),
+      m_bos(0),
+      m_eos(0),
+      m_unk(0) {
+  ReadParameters();
+  UTIL_THROW_IF2(m_numScoreComponents < 1 || m_numScoreComponents > 2,
+                 GetScoreProducerDescription() << ": num-features must be 1 (log-probability) or 2 "
+                                                  "(log-probability, unknown words)");
+  UTIL_THROW_IF2(m_port <= 0 || m_port > 65535, GetScoreProducerDescription() << ": give port=N (the port of `cslm serve`)");
+}
+
+CSLM::~CSLM() {}
+
+void CSLM::SetParameter(const std::string& key, const std::string& value) {
+  if (key == "host") {
+    m_host = value;
+  } else if (key == "port") {
+    m_port = Scan<int>(value);
+  } else if (key == "order") {
+    m_iniOrder = Scan<unsigned>(value);
+  } else if (key == "path") {
+    m_path = value;
+  } else if (key == "factor") {
+    m_factorType = Scan<FactorType>(value);
+  } else if (key == "timeout") {
+    m_timeout = Scan<double>(value);
+  } else if (key == "retries") {
+    m_retries = Scan<int>(value);
+  } else if (key == "cache-size") {
+    m_cacheSize = Scan<size_t>(value);
+  } else if (key == "floor") {
+    m_floor = Scan<float>(value);
+  } else {
+    StatefulFeatureFunction::SetParameter(key, value);
+  }
+}
+
+void CSLM::Fatal(const std::string& message) const {
+  // Called from a decoder thread: say why and stop the whole process now.
+  std::cerr << "\n" << GetScoreProducerDescription() << ": " << message << std::endl;
+  std::cout.flush();
+  std::fflush(stdout);
+  _exit(1);
+}
+
+void CSLM::Load(AllOptions::ptr const& opts) {
+  m_options = opts;
+  const std::string who = GetScoreProducerDescription();
+  std::ostringstream where;
+  where << m_host << ":" << m_port;
+  std::vector<std::string> words;
+  try {
+    cslm::Client client(m_host, static_cast<uint16_t>(m_port), m_timeout);
+    m_order = client.order();
+    m_bos = client.bos_id();
+    m_eos = client.eos_id();
+    m_unk = client.unk_id();
+    m_checksum = client.checksum();
+    words = client.vocabulary();
+  } catch (const std::exception& e) {
+    UTIL_THROW2(who << ": cannot use the CSLM server at " << where.str() << ": " << e.what()
+                    << "\n  Start it first: cslm serve MODEL_DIR --port " << m_port
+                    << " (and check host=/port= on the CSLM line of moses.ini)");
+  }
+  UTIL_THROW_IF2(m_order < 2, who << ": the server at " << where.str() << " reports order " << m_order);
+  UTIL_THROW_IF2(m_iniOrder && m_iniOrder != m_order,
+                 who << ": moses.ini says order=" << m_iniOrder << " but the server at " << where.str()
+                     << " serves a " << m_order << "-gram model");
+  for (size_t i = 0; i < words.size(); ++i) m_vocab[words[i]] = static_cast<uint32_t>(i);
+
+  if (!m_path.empty()) {  // the server must serve this model: same vocabulary, same ids
+    const std::string file = m_path + "/cslm.vocab";
+    std::ifstream in(file.c_str());
+    UTIL_THROW_IF2(!in, who << ": cannot read " << file << " (path= must be the model directory)");
+    std::string line;
+    size_t n = 0;
+    bool same = true;
+    while (std::getline(in, line)) {
+      const std::string word = line.substr(0, line.find('\t'));
+      if (n >= words.size() || words[n] != word) same = false;
+      ++n;
+    }
+    UTIL_THROW_IF2(!same || n != words.size(),
+                   who << ": the server at " << where.str() << " serves a model whose vocabulary differs from "
+                       << file << " (" << words.size() << " vs " << n << " words)");
+  }
+  std::cerr << who << ": CSLM server " << where.str() << ", order " << m_order << ", vocabulary "
+            << words.size() << ", checksum " << m_checksum.substr(0, 12) << std::endl;
+}
+
+CSLM::ThreadData& CSLM::Local() const {
+  ThreadData* td = m_local.get();
+  if (!td) {
+    td = new ThreadData(m_cacheSize);
+    m_local.reset(td);
+  }
+  return *td;
+}
+
+void CSLM::Connect(ThreadData& td) const {
+  td.client.reset(new cslm::Client(m_host, static_cast<uint16_t>(m_port), m_timeout, m_checksum));
+}
+
+const FFState* CSLM::EmptyHypothesisState(const InputType& /*input*/) const {
+  return new CSLMState(std::vector<uint32_t>(1, m_bos));
+}
+
+void CSLM::PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>* ids) const {
+  ids->clear();
+  for (size_t i = 0; i < phrase.GetSize(); ++i) {
+    const Factor* f = phrase.GetWord(i).GetFactor(m_factorType);
+    boost::unordered_map<const Factor*, uint32_t>::const_iterator it = td.ids.find(f);
+    if (it != td.ids.end()) {
+      ids->push_back(it->second);
+      continue;
+    }
+    uint32_t id = m_unk;
+    if (f) {
+      boost::unordered_map<std::string, uint32_t>::const_iterator v = m_vocab.find(f->GetString().as_string());
+      if (v != m_vocab.end()) id = v->second;
+    }
+    td.ids[f] = id;
+    ids->push_back(id);
+  }
+}
+
+void CSLM::Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count,
+                 std::vector<float>* logprobs) const {
+  logprobs->assign(count, 0.0f);
+  // Look in the cache first; send the rest in one request.
+  std::vector<uint32_t> missing;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < count; ++i) {
+    uint8_t flags;
+    if (!td.cache.find(&ngrams[i * m_order], m_order, &(*logprobs)[i], &flags)) {
+      missing.insert(missing.end(), ngrams.begin() + i * m_order, ngrams.begin() + (i + 1) * m_order);
+      where.push_back(i);
+    }
+  }
+  if (where.empty()) return;
+  std::vector<float> lp(where.size());
+  std::vector<uint8_t> fl(where.size());
+  std::string last_error;
+  for (int attempt = 0; attempt <= m_retries; ++attempt) {
+    try {
+      if (!td.client || !td.client->connected()) Connect(td);
+      td.client->score(&missing[0], where.size(), m_order, &lp[0], &fl[0]);
+      ++td.requests;
+      last_error.clear();
+      break;
+    } catch (const cslm::ServerError& e) {
+      td.client.reset();
+      last_error = e.what();
+      if (e.code() != cslm::kErrShuttingDown) break;  // a refused request: retrying will not help
+    } catch (const cslm::Error& e) {
+      td.client.reset();
+      last_error = e.what();
+    } catch (const std::exception& e) {
+      Fatal(std::string("scoring failed: ") + e.what());
+    }
+    if (attempt < m_retries) {
+      std::cerr << GetScoreProducerDescription() << ": " << last_error << "; reconnecting (" << attempt + 1 << "/"
+                << m_retries << ")" << std::endl;
+      usleep(200000u << (attempt < 5 ? attempt : 5));
+    }
+  }
+  if (!last_error.empty()) {
+    std::ostringstream msg;
+    msg << "lost the CSLM server at " << m_host << ":" << m_port << " (" << last_error << ") after " << m_retries
+        << " retries; stopping the decoder";
+    Fatal(msg.str());
+  }
+  for (size_t k = 0; k < where.size(); ++k) {
+    float v = lp[k];
+    if (!(v >= m_floor)) v = m_floor;  // also catches NaN and -inf
+    (*logprobs)[where[k]] = v;
+    td.cache.insert(&missing[k * m_order], m_order, v, fl[k]);
+  }
+}
+
+void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*input*/,
+                                                          const TranslationOptionList& list) const {
+  // Moses computes an option's future-cost estimate before this call (and
+  // keeps its own copy), so only real scores are added here: the n-grams whose
+  // history lies inside the phrase, and the unknown-word count. The first
+  // order-1 words are scored when the option is applied to a hypothesis.
+  ThreadData& td = Local();
+  std::vector<uint32_t> ids, ngrams;
+  std::vector<size_t> internal_count;
+  std::vector<float> unknown;
+  for (TranslationOptionList::const_iterator it = list.begin(); it != list.end(); ++it) {
+    PhraseIds(td, (*it)->GetTargetPhrase(), &ids);
+    internal_count.push_back(cslm::internal_ngrams(ids, m_order, m_bos, &ngrams));
+    size_t unk = 0;
+    for (size_t i = 0; i < ids.size(); ++i) unk += ids[i] == m_unk;
+    unknown.push_back(static_cast<float>(unk));
+  }
+  std::vector<float> lp;
+  Score(td, ngrams, ngrams.size() / m_order, &lp);  // the whole list in one request
+
+  size_t pos = 0, j = 0;
+  std::vector<float> scores(m_numScoreComponents, 0.0f);
+  for (TranslationOptionList::const_iterator it = list.begin(); it != list.end(); ++it, ++j) {
+    float sum = 0.0f;
+    for (size_t k = 0; k < internal_count[j]; ++k) sum += lp[pos++];
+    scores[0] = sum;
+    if (m_numScoreComponents > 1) scores[1] = unknown[j];
+    TranslationOption& opt = **it;
+    opt.GetScoreBreakdown().PlusEquals(this, scores);
+    opt.UpdateScore();
+  }
+}
+
+FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_state,
+                                   ScoreComponentCollection* accumulator) const {
+  ThreadData& td = Local();
+  const CSLMState& prev = static_cast<const CSLMState&>(*prev_state);
+  std::vector<uint32_t> ids, ngrams, next;
+  PhraseIds(td, hypo.GetCurrTargetPhrase(), &ids);
+  const size_t count =
+      cslm::boundary_ngrams(prev.Words(), ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos, &ngrams, &next);
+  if (count) {
+    std::vector<float> lp;
+    Score(td, ngrams, count, &lp);
+    float sum = 0.0f;
+    for (size_t i = 0; i < count; ++i) sum += lp[i];
+    std::vector<float> scores(m_numScoreComponents, 0.0f);
+    scores[0] = sum;
+    accumulator->PlusEquals(this, scores);
+  }
+  return new CSLMState(next);
+}
+
+FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,
+                                   ScoreComponentCollection* /*accumulator*/) const {
+  UTIL_THROW2(GetScoreProducerDescription() << ": the CSLM feature supports phrase-based decoding only");
+}
+
+}  // namespace Moses

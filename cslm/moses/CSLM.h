@@ -1,0 +1,102 @@
+// CSLM.h -- Moses feature function: a continuous-space language model served
+// by `cslm serve` over TCP (Cho et al., 2014, Sec. 4.1.2 and the word penalty).
+//
+//   [feature]
+//   CSLM name=CSLM0 host=127.0.0.1 port=5107 order=7 path=/models/cslm
+//   [weight]
+//   CSLM0= 0.1 -0.1
+//
+// Scores: (1) the natural-log probability of the target words (and of </s>
+// when a hypothesis completes the sentence); (2) with num-features=2 (the
+// default), the number of target words outside the network's shortlist.
+// Phrase-based decoding only. See docs/moses-feature.md for building it
+// into a Moses checkout.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include <boost/thread/tss.hpp>
+#include <boost/unordered_map.hpp>
+
+#include "moses/FF/FFState.h"
+#include "moses/FF/StatefulFeatureFunction.h"
+#include "moses/FactorTypeSet.h"
+
+namespace cslm {
+class Client;
+class NgramCache;
+}
+
+namespace Moses {
+
+class Factor;
+class Phrase;
+
+// The last order-1 target words (server ids), the sentence start being <s>.
+class CSLMState : public FFState {
+ public:
+  explicit CSLMState(const std::vector<uint32_t>& words) : m_words(words) {}
+  const std::vector<uint32_t>& Words() const { return m_words; }
+  size_t hash() const;
+  bool operator==(const FFState& other) const;
+
+ private:
+  std::vector<uint32_t> m_words;
+};
+
+class CSLM : public StatefulFeatureFunction {
+ public:
+  explicit CSLM(const std::string& line);
+  ~CSLM();
+
+  void SetParameter(const std::string& key, const std::string& value);
+  void Load(AllOptions::ptr const& opts);
+  bool IsUseable(const FactorMask& mask) const { return mask[m_factorType]; }
+
+  const FFState* EmptyHypothesisState(const InputType& input) const;
+
+  // Phrase-internal n-grams (history inside the phrase) and the unknown-word
+  // count, for every option of the list in one request.
+  void EvaluateTranslationOptionListWithSourceContext(const InputType& input,
+                                                      const TranslationOptionList& list) const;
+
+  // Boundary n-grams (history reaching into the previous hypothesis) and </s>.
+  FFState* EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_state,
+                               ScoreComponentCollection* accumulator) const;
+  FFState* EvaluateWhenApplied(const ChartHypothesis& hypo, int featureID,
+                               ScoreComponentCollection* accumulator) const;
+
+ private:
+  struct ThreadData;  // one connection, its caches
+
+  ThreadData& Local() const;
+  void Connect(ThreadData& td) const;
+  void PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>* ids) const;
+  // Scores `count` n-grams of m_order ids each, through the thread's cache;
+  // reconnects on a lost connection, at most m_retries times, then stops the decoder.
+  void Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
+  void Fatal(const std::string& message) const;
+
+  std::string m_host;
+  int m_port;
+  unsigned m_order;        // the server's n (order= in the ini must agree)
+  unsigned m_iniOrder;     // 0 if not given
+  std::string m_path;      // model directory: its vocabulary must be the server's
+  FactorType m_factorType;
+  double m_timeout;        // seconds, connect and every reply
+  int m_retries;
+  size_t m_cacheSize;
+  float m_floor;           // lowest log-probability passed to the decoder
+
+  // Read-only after Load: shared by all threads.
+  uint32_t m_bos, m_eos, m_unk;
+  std::string m_checksum;
+  boost::unordered_map<std::string, uint32_t> m_vocab;
+
+  mutable boost::thread_specific_ptr<ThreadData> m_local;
+};
+
+}  // namespace Moses

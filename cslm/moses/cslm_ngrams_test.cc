@@ -1,0 +1,96 @@
+// cslm_ngrams_test.cc -- checks cslm_ngrams.h without Moses or a server.
+//   g++ -std=c++11 -O1 -o cslm_ngrams_test cslm_ngrams_test.cc && ./cslm_ngrams_test
+// Decomposing a sentence into phrases and scoring internal + boundary n-grams
+// must give exactly the n-grams of the whole sentence, for any segmentation.
+#include <cstdio>
+#include <cstdlib>
+#include <set>
+#include <vector>
+
+#include "cslm_ngrams.h"
+
+static int failures = 0;
+#define CHECK(c)                                                 \
+  do {                                                           \
+    if (!(c)) {                                                  \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, #c); \
+      ++failures;                                                \
+    }                                                            \
+  } while (0)
+
+typedef std::vector<uint32_t> Ids;
+static const uint32_t BOS = 1, EOS = 2;
+
+// The reference: every word of the sentence then </s>, history padded with <s>.
+static std::multiset<Ids> sentence_ngrams(const Ids& words, unsigned order) {
+  Ids seq(1, BOS);
+  seq.insert(seq.end(), words.begin(), words.end());
+  seq.push_back(EOS);
+  std::multiset<Ids> out;
+  for (size_t k = 1; k < seq.size(); ++k) {
+    Ids flat;
+    cslm::append_ngram(&seq[0], k, seq[k], order, BOS, &flat);
+    out.insert(flat);
+  }
+  return out;
+}
+
+static void split(const Ids& flat, unsigned order, std::multiset<Ids>* out) {
+  CHECK(flat.size() % order == 0);
+  for (size_t i = 0; i < flat.size(); i += order) out->insert(Ids(flat.begin() + i, flat.begin() + i + order));
+}
+
+int main() {
+  // append_ngram pads on the left
+  Ids flat;
+  const uint32_t hist[] = {10, 11};
+  cslm::append_ngram(hist, 2, 12, 4, BOS, &flat);
+  CHECK((flat == Ids{BOS, 10, 11, 12}));
+  flat.clear();
+  cslm::append_ngram(hist, 0, 12, 3, BOS, &flat);
+  CHECK((flat == Ids{BOS, BOS, 12}));
+
+  std::srand(7);
+  for (unsigned order = 2; order <= 7; ++order) {
+    for (int trial = 0; trial < 300; ++trial) {
+      Ids words(1 + std::rand() % 20);
+      for (size_t i = 0; i < words.size(); ++i) words[i] = 3 + std::rand() % 5;
+      std::multiset<Ids> got;
+      Ids state(1, BOS), next;
+      for (size_t start = 0; start < words.size();) {
+        const size_t want = 1 + std::rand() % 9, left = words.size() - start;
+        const size_t len = want < left ? want : left;
+        Ids phrase(words.begin() + start, words.begin() + start + len);
+        start += len;
+        Ids a, b;
+        const size_t ni = cslm::internal_ngrams(phrase, order, BOS, &a);
+        const size_t nb = cslm::boundary_ngrams(state, phrase, start == words.size(), order, BOS, EOS, &b, &next);
+        CHECK(ni + nb == phrase.size() + (start == words.size() ? 1 : 0));
+        CHECK(a.size() == ni * order && b.size() == nb * order);
+        split(a, order, &got);
+        split(b, order, &got);
+        CHECK(next.size() <= order - 1 && next.back() == phrase.back());
+        state = next;
+      }
+      CHECK(got == sentence_ngrams(words, order));
+    }
+  }
+
+  // the cache
+  cslm::NgramCache cache(2);
+  const uint32_t g1[] = {1, 2, 3}, g2[] = {1, 2, 4}, g3[] = {5, 6, 7};
+  float lp = 0;
+  uint8_t fl = 0;
+  CHECK(!cache.find(g1, 3, &lp, &fl));
+  cache.insert(g1, 3, -1.5f, 1);
+  cache.insert(g2, 3, -2.5f, 0);
+  CHECK(cache.find(g1, 3, &lp, &fl) && lp == -1.5f && fl == 1);
+  CHECK(cache.find(g2, 3, &lp, &fl) && lp == -2.5f && fl == 0);
+  cache.insert(g3, 3, -3.0f, 0);  // full: emptied first
+  CHECK(cache.size() == 1 && !cache.find(g1, 3, &lp, &fl) && cache.find(g3, 3, &lp, &fl));
+  CHECK(cache.hits() == 3 && cache.misses() == 2);
+
+  if (failures) return 1;
+  std::printf("cslm_ngrams: all checks passed\n");
+  return 0;
+}
