@@ -1,0 +1,106 @@
+"""Table 2, Figures 3-5 and the exported vectors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from moses_rnn.analyze import embedding_map, long_sources, phrase_map, score_scatter, table2
+from moses_rnn.cli import main
+from moses_rnn.modelio import load_model
+from moses_rnn.textio import InputError
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def line(src: str, tgt: str, p_direct: float, rnn_logp: float, count_src: int) -> str:
+    # Moses order p(f|e) lex(f|e) p(e|f) lex(e|f), then the RNN column e^{log p}
+    scores = f"0.5 0.1 {p_direct:g} 0.1 {math.exp(rnn_logp):.7g}"
+    return f"{src} ||| {tgt} ||| {scores} ||| 0-0 ||| 10 {count_src} 1 ||| |||\n"
+
+
+@pytest.fixture
+def scored_table(tmp_path):
+    rows = []
+    # frequent long phrases: counts 500, 300, 200
+    for src, count in (("at the end of", 500), ("in the light of", 300), ("on the basis of", 200)):
+        rows += [line(src, "t1", 0.6, -5.0, count), line(src, "t2", 0.3, -1.0, count),
+                 line(src, "t3", 0.05, -2.0, count), line(src, "t4", 0.05, -9.0, count)]
+    rows += [line("a very rare long phrase", "r1", 0.5, -3.0, 1), line("a very rare long phrase", "r2", 0.5, -2.0, 1)]
+    rows += [line("short one", "s1", 0.9, -1.0, 1000), line("short one", "s2", 0.1, -2.0, 1000)]
+    rows += [line("a single target long phrase", "x", 1.0, -1.0, 1)]  # fewer than min_targets
+    path = tmp_path / "scored.phrase-table"
+    path.write_text("".join(rows), encoding="utf-8")
+    return path
+
+
+def test_table2_splits_by_count_and_ranks_both_columns(scored_table):
+    t = table2(str(scored_table), per_group=2)
+    assert t.long_sources == 5
+    assert [e.source for e in t.frequent] == ["at the end of", "in the light of"]  # the two most frequent
+    assert [e.source for e in t.rare] == ["a very rare long phrase"]
+    e = t.frequent[0]
+    assert [x for x, _ in e.by_tm] == ["t1", "t2", "t3"]  # by p(e|f); ties broken by target
+    assert [x for x, _ in e.by_rnn] == ["t2", "t3", "t1"]  # by the RNN column
+    assert e.by_rnn[0][1] == pytest.approx(-1.0, abs=1e-6)
+    md = t.markdown()
+    assert "### Frequent source phrases" in md and "### Rare source phrases" in md
+    assert "| at the end of | 500 | t1 (0.6)<br>t2 (0.3)<br>t3 (0.05) | t2 (-1.00)<br>t3 (-2.00)<br>t1 (-5.00) |" in md
+    assert "short one" not in md
+
+
+def test_table2_needs_grouped_table_and_counts(tmp_path):
+    ungrouped = tmp_path / "u.pt"
+    ungrouped.write_text(line("one two three four", "a", 0.5, -1, 2) + line("five six seven eight", "b", 0.5, -1, 2)
+                         + line("one two three four", "c", 0.5, -1, 2), encoding="utf-8")
+    with pytest.raises(InputError, match=r"u.pt:3: .*not grouped"):
+        table2(str(ungrouped))
+    no_counts = tmp_path / "n.pt"
+    no_counts.write_text("one two three four ||| a ||| 0.5 0.5 0.5 0.5 0.5\n" * 2, encoding="utf-8")
+    with pytest.raises(InputError, match=r"n.pt:1: no counts field"):
+        table2(str(no_counts))
+
+
+def test_scatter_png_and_correlation(scored_table, tmp_path):
+    out = tmp_path / "fig3.png"
+    r = score_scatter(str(scored_table), str(out), max_points=5, seed=1)
+    assert r["pairs"] == 17 and r["points"] == 5
+    assert out.read_bytes()[:8] == PNG
+    full = score_scatter(str(scored_table), str(out))
+    assert -1.0 <= full["pearson"] <= 1.0
+
+
+def test_word_map_and_vector_export(tiny_model, tmp_path):
+    loaded = load_model(str(tiny_model))
+    out, prefix = tmp_path / "fig4.png", tmp_path / "words"
+    r = embedding_map(loaded, str(out), words=20, labels=15, vectors=str(prefix))
+    assert out.read_bytes()[:8] == PNG
+    assert r.points == 20 and 1 <= r.labels <= 15
+    vecs = np.loadtxt(f"{prefix}.vectors.tsv", delimiter="\t")
+    labels = open(f"{prefix}.labels.tsv", encoding="utf-8").read().splitlines()
+    assert vecs.shape == (20, loaded.config.embed) and len(labels) == 20
+    assert np.allclose(vecs[0], loaded.model.encoder.embed.weight[loaded.src_vocab.index[labels[0]]].detach(),
+                       atol=1e-5)
+
+
+def test_phrase_map(tiny_model, scored_table, tmp_path):
+    assert long_sources(str(scored_table), limit=2) == ["at the end of", "in the light of"]
+    out, prefix = tmp_path / "fig5.png", tmp_path / "phrases"
+    r = phrase_map(load_model(str(tiny_model)), str(scored_table), str(out), vectors=str(prefix))
+    assert r.points == 5 and out.read_bytes()[:8] == PNG
+    assert np.loadtxt(f"{prefix}.vectors.tsv", delimiter="\t").shape == (5, load_model(str(tiny_model)).config.hidden)
+
+
+def test_cli_analyze(scored_table, tmp_path):
+    runner = CliRunner()
+    md = tmp_path / "table2.md"
+    r = runner.invoke(main, ["analyze", "table2", str(scored_table), "-o", str(md), "--per-group", "1"])
+    assert r.exit_code == 0, r.output
+    assert "at the end of" in md.read_text(encoding="utf-8")
+    r = runner.invoke(main, ["analyze", "scatter", str(scored_table), "-o", str(tmp_path / "f3.png")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["analyze", "table2", str(scored_table), "--rnn-column", "9"])
+    assert r.exit_code != 0 and "scored.phrase-table:1" in r.output
