@@ -1,0 +1,193 @@
+"""Scoring text with a CSLM: sentence and n-gram files, perplexity, Moses n-best lists.
+
+Every function takes a `Backend`: the in-process `Engine`, or a `RemoteBackend`
+asking a running `cslm serve`. Both return bit-identical numbers on the CPU
+(see engine.py), which the tests check.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from moses_rnn.textio import InputError, atomic_output, iter_lines
+from moses_rnn.vocab import BOS, EOS
+
+from .engine import BACKOFF, UNKNOWN, Engine, KenLMBackoff
+
+
+class Backend(Protocol):
+    order: int
+
+    def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]: ...
+
+    def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class RemoteBackend:
+    """The Backend interface over a server connection (text requests, so back-off works remotely too)."""
+
+    def __init__(self, client, max_ngrams: int = 100_000):
+        self.client, self.order, self.max_ngrams = client, client.order, max_ngrams
+
+    def score_words(self, ngrams):
+        lps, fls = [], []
+        for i in range(0, len(ngrams), self.max_ngrams):
+            lp, fl = self.client.score_text([" ".join(g) for g in ngrams[i : i + self.max_ngrams]])
+            lps.append(lp)
+            fls.append(fl)
+        if not lps:
+            return np.empty(0, np.float32), np.zeros(0, np.uint8)
+        return np.concatenate(lps), np.concatenate(fls)
+
+    def score_sentences(self, sentences):
+        grams, sizes = [], []
+        for s in sentences:
+            padded = [BOS] * (self.order - 1) + list(s) + [EOS]
+            grams.extend(padded[j : j + self.order] for j in range(len(s) + 1))
+            sizes.append(len(s) + 1)
+        logp, flags = self.score_words(grams)
+        out, at = [], 0
+        for n in sizes:
+            out.append((logp[at : at + n], flags[at : at + n]))
+            at += n
+        return out
+
+
+def _windows(path: str, size: int) -> Iterator[list[tuple[int, str]]]:
+    window = []
+    for lineno, line in iter_lines(path):
+        window.append((lineno, line))
+        if len(window) >= size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def fmt(x: float) -> str:
+    return f"{x:.6f}"
+
+
+def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, per_word: bool = False,
+               window: int = 2000, progress: bool = True) -> dict:
+    """Write one line per input line.
+
+    Sentence mode: `<sum of ln P over the words and </s>>\\t<unknown words>\\t<tokens scored>`
+    (+ `\\t<ln P of each token>` with per_word). N-gram mode (each line 1..order
+    words, predicted word last): `<ln P>\\t<flags>`.
+    """
+    lines = tokens = unknown = 0
+    total = 0.0
+    with atomic_output(output) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+        for win in _windows(path, window):
+            if ngrams:
+                grams = [line.split() for _, line in win]
+                for (lineno, _), g in zip(win, grams):
+                    if not 1 <= len(g) <= backend.order:
+                        raise InputError(path, lineno, f"an n-gram needs 1..{backend.order} words, got {len(g)}")
+                logp, flags = backend.score_words(grams)
+                text = "".join(f"{fmt(lp)}\t{fl}\n" for lp, fl in zip(logp.tolist(), flags.tolist()))
+                total += float(np.sum(logp, dtype=np.float64))
+                tokens += len(grams)
+                unknown += int(np.count_nonzero(flags & UNKNOWN))
+            else:
+                parts = []
+                for lp, fl in backend.score_sentences([line.split() for _, line in win]):
+                    s = float(np.sum(lp, dtype=np.float64))
+                    u = int(np.count_nonzero(fl[:-1] & UNKNOWN))
+                    row = f"{fmt(s)}\t{u}\t{len(lp)}"
+                    if per_word:
+                        row += "\t" + " ".join(fmt(x) for x in lp.tolist())
+                    parts.append(row + "\n")
+                    total, tokens, unknown = total + s, tokens + len(lp), unknown + u
+                text = "".join(parts)
+            out.write(text.encode("utf-8"))
+            lines += len(win)
+            bar.update(len(win))
+    return {"lines": lines, "tokens": tokens, "unknown": unknown, "logprob": total}
+
+
+def perplexity(backend: Backend, path: str, kenlm: str | None = None, window: int = 2000,
+               progress: bool = True) -> dict:
+    """Per-token perplexity (every word and </s>, natural log) of a tokenized text.
+
+    `cslm` counts every token; an unknown word costs ln P([UNK] | h) in unk
+    mode. `cslm_in_shortlist` only counts tokens whose word is in the shortlist.
+    With `kenlm`, the n-gram model is scored on the same tokens, in total and on
+    the same in-shortlist tokens.
+    """
+    lm = KenLMBackoff(kenlm) if kenlm else None
+    c_all = c_in = k_all = k_in = 0.0
+    n_all = n_in = n_unk = n_backoff = k_oov = sentences = 0
+    with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+        for win in _windows(path, window):
+            sents = [line.split() for _, line in win]
+            for s, (lp, fl) in zip(sents, backend.score_sentences(sents)):
+                inside = (fl & UNKNOWN) == 0
+                c_all += float(np.sum(lp, dtype=np.float64))
+                c_in += float(np.sum(lp[inside], dtype=np.float64))
+                n_all += len(lp)
+                n_in += int(inside.sum())
+                n_unk += int((~inside).sum())
+                n_backoff += int(np.count_nonzero(fl & BACKOFF))
+                if lm is not None:
+                    ks = lm.full_scores(s)
+                    kl = np.array([x for x, _ in ks])
+                    k_all += float(kl.sum())
+                    k_in += float(kl[inside].sum())
+                    k_oov += sum(1 for _, oov in ks if oov)
+            sentences += len(win)
+            bar.update(len(win))
+    res = {
+        "sentences": sentences,
+        "tokens": n_all,
+        "unknown": n_unk,
+        "backoff": n_backoff,
+        "cslm_ppl": math.exp(-c_all / max(n_all, 1)),
+        "cslm_ppl_in_shortlist": math.exp(-c_in / max(n_in, 1)),
+    }
+    if lm is not None:
+        res.update({
+            "kenlm_order": lm.order,
+            "kenlm_oov": k_oov,
+            "kenlm_ppl": math.exp(-k_all / max(n_all, 1)),
+            "kenlm_ppl_in_shortlist": math.exp(-k_in / max(n_in, 1)),
+        })
+    return res
+
+
+def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM0", window: int = 5000,
+                  progress: bool = True) -> dict:
+    """Append `<feature>= <sum ln P> <unknown words>` to each hypothesis's scores.
+
+    Moses n-best lines are `id ||| hypothesis ||| feature scores ||| total[ ||| ...]`;
+    the new feature goes at the end of the scores field, everything else is
+    kept byte for byte (the total too: MERT recomputes it from the weights).
+    """
+    count = 0
+    with atomic_output(output) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True) as bar:
+        for win in _windows(path, window):
+            fields = []
+            for lineno, line in win:
+                f = line.split(" ||| ")
+                if len(f) < 4:
+                    raise InputError(path, lineno, "not a Moses n-best line (id ||| hypothesis ||| scores ||| total)")
+                fields.append(f)
+            results = backend.score_sentences([f[1].split() for f in fields])
+            text = []
+            for f, (lp, fl) in zip(fields, results):
+                s = float(np.sum(lp, dtype=np.float64))
+                u = int(np.count_nonzero(fl[:-1] & UNKNOWN))
+                f[2] = f"{f[2].rstrip()} {feature}= {fmt(s)} {u}"
+                text.append(" ||| ".join(f) + "\n")
+            out.write("".join(text).encode("utf-8"))
+            count += len(win)
+            bar.update(len(win))
+    return {"hypotheses": count, "feature": feature}
+
+
+__all__ = ["Engine", "RemoteBackend", "score_file", "perplexity", "rescore_nbest"]

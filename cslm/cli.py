@@ -1,0 +1,235 @@
+"""The `cslm` command line: a thin layer over the library (cslm.train, cslm.engine, cslm.apply, cslm.server)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import click
+
+from moses_rnn.textio import InputError
+
+
+def _fail_cleanly(fn):
+    """Bad input becomes a one-line error; SIGTERM exits through the atomic-output cleanup."""
+
+    def wrapper(*args, **kwargs):
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, FileNotFoundError, ValueError, ConnectionError) as e:
+            raise click.ClickException(str(e)) from None
+
+    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
+    return wrapper
+
+
+def _threads(n):
+    if n:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def _backend(model_dir, server, kenlm, device):
+    """The in-process engine, or a connection to a running server."""
+    if server:
+        from .apply import RemoteBackend
+        from .client import Client, parse_address
+
+        if kenlm:
+            raise click.UsageError("--kenlm belongs to the server (cslm serve --kenlm) when --server is used")
+        host, port = parse_address(server)
+        client = Client(host, port)
+        if model_dir:
+            from . import modeldir
+
+            want = modeldir.load_vocab(model_dir).checksum()
+            if want != client.info["checksum"]:
+                raise click.ClickException(f"{server} serves a different vocabulary than {model_dir}")
+        return RemoteBackend(client)
+    if not model_dir:
+        raise click.UsageError("give MODEL_DIR or --server HOST:PORT")
+    from .engine import Engine
+
+    return Engine.load(model_dir, device=device, kenlm=kenlm)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """Continuous-space 7-gram language model (Schwenk, 2007; Cho et al., 2014): train, score, serve."""
+
+
+@main.command()
+@click.argument("corpus", type=click.Path(dir_okay=False, allow_dash=False))
+@click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
+@click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
+@click.option("--vocab-size", type=int, help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
+@click.option("--max-epochs", default=100, show_default=True)
+@click.option("--max-minutes", type=float, help="Stop after this much wall-clock time (resumable).")
+@click.option("--patience", default=10, show_default=True, help="Stop after this many epochs without held-out improvement.")
+@click.option("--valid-fraction", default=0.001, show_default=True, help="Share of sentences held out.")
+@click.option("--epoch-ngrams", type=int, help="N-grams per epoch [one pass over the corpus].")
+@click.option("--batch-size", default=256, show_default=True)
+@click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "sgd"]))
+@click.option("--lr", type=float, help="Learning rate [adam 1e-3, sgd 0.05].")
+@click.option("--seed", default=1, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--threads", type=int, help="CPU threads [all cores].")
+@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_fail_cleanly
+def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, epoch_ngrams,
+          batch_size, optimizer, lr, seed, device, threads, resume, quiet):
+    """Train on CORPUS: tokenized text, one sentence per line, plain or gzip."""
+    from .train import TrainConfig, train as run_train
+
+    _threads(threads)
+    cfg = TrainConfig(preset=preset, vocab_size=vocab_size, batch_size=batch_size, optimizer=optimizer, lr=lr,
+                      valid_fraction=valid_fraction, patience=patience, max_epochs=max_epochs,
+                      max_minutes=max_minutes, epoch_ngrams=epoch_ngrams, seed=seed, device=device)
+    summary = run_train(corpus, model_dir, cfg, resume=resume, progress=not quiet)
+    click.echo(json.dumps(summary, indent=2), err=True)
+
+
+@main.command("eval")
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("text", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--kenlm", type=click.Path(exists=True, dir_okay=False),
+              help="Also report this n-gram model's perplexity (ARPA or KenLM binary) on the same tokens.")
+@click.option("--backoff", is_flag=True, help="Score unknown words with the --kenlm model (back-off mode).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int)
+@click.option("--quiet", is_flag=True)
+@_fail_cleanly
+def eval_(model_dir, text, kenlm, backoff, device, threads, quiet):
+    """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's."""
+    from .apply import perplexity
+    from .engine import Engine
+
+    if backoff and not kenlm:
+        raise click.UsageError("--backoff needs --kenlm")
+    _threads(threads)
+    engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
+    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet)
+    res["mode"] = engine.mode
+    click.echo(json.dumps(res, indent=2))
+
+
+def _split_paths(paths, server, what):
+    """[MODEL_DIR] INPUT: MODEL_DIR may be left out when --server is given; INPUT defaults to stdin."""
+    paths = list(paths)
+    if len(paths) > 2:
+        raise click.UsageError(f"expected MODEL_DIR {what}")
+    if server:
+        if len(paths) == 2:
+            return paths[0], paths[1]
+        return None, paths[0] if paths else "-"
+    if not paths:
+        raise click.UsageError(f"expected MODEL_DIR {what} (or --server HOST:PORT {what})")
+    return paths[0], paths[1] if len(paths) == 2 else "-"
+
+
+@main.command()
+@click.argument("paths", nargs=-1, metavar="[MODEL_DIR] [TEXT]")
+@click.option("-o", "--output", default="-", show_default=True, help="Output file ('-' for stdout).")
+@click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
+@click.option("--ngrams", is_flag=True, help="Each line is an n-gram (predicted word last), not a sentence.")
+@click.option("--per-word", is_flag=True, help="Sentence mode: also print each token's log-probability.")
+@click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int)
+@click.option("--quiet", is_flag=True)
+@_fail_cleanly
+def score(paths, output, server, ngrams, per_word, kenlm, device, threads, quiet):
+    """Natural-log probabilities of the sentences (or n-grams) of TEXT ('-' = stdin).
+
+    Sentence mode prints `<ln P(sentence)>\\t<unknown words>\\t<tokens>` per line;
+    n-gram mode prints `<ln P(last word | the others)>\\t<flags>` (flags: 1 unknown, 2 backed off).
+    With --server only TEXT is needed: `cslm score --server HOST:PORT TEXT`.
+    """
+    from .apply import score_file
+
+    model_dir, text = _split_paths(paths, server, "TEXT")
+    _threads(threads)
+    backend = _backend(model_dir, server, kenlm, device)
+    summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet)
+    if not quiet:
+        click.echo(json.dumps(summary), err=True)
+
+
+@main.command("rescore-nbest")
+@click.argument("paths", nargs=-1, metavar="[MODEL_DIR] NBEST")
+@click.option("-o", "--output", required=True, help="Rescored n-best list ('-' for stdout).")
+@click.option("--feature", default="CSLM0", show_default=True, help="Feature name (Moses: NAME= values).")
+@click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
+@click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int)
+@click.option("--quiet", is_flag=True)
+@_fail_cleanly
+def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet):
+    """Add `FEATURE= <ln P(hypothesis)> <unknown words>` to every hypothesis of a Moses n-best list."""
+    from .apply import rescore_nbest as run
+
+    model_dir, nbest = _split_paths(paths, server, "NBEST")
+    _threads(threads)
+    backend = _backend(model_dir, server, kenlm, device)
+    summary = run(backend, nbest, output, feature=feature, progress=not quiet)
+    if not quiet:
+        click.echo(json.dumps(summary), err=True)
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: all interfaces).")
+@click.option("--port", default=5555, show_default=True, help="TCP port (0: any free port, printed on stderr).")
+@click.option("--max-batch", default=8192, show_default=True, help="Most n-grams scored in one engine call.")
+@click.option("--max-delay-us", default=200, show_default=True, help="Longest wait for other requests to join a batch (microseconds).")
+@click.option("--cache-size", default=1_000_000, show_default=True, help="N-gram cache entries (0: no cache).")
+@click.option("--max-frame", default=16 << 20, show_default=True, help="Largest request payload accepted (bytes).")
+@click.option("--idle-timeout", default=300.0, show_default=True, help="Close connections silent this long (seconds).")
+@click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back-off mode: score unknown words with this n-gram model.")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", type=int, help="CPU threads for the engine [all cores].")
+@click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
+@_fail_cleanly
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, kenlm, device,
+          threads, port_file):
+    """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
+    from .engine import Engine
+    from .server import ServerConfig, serve as run
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _threads(threads)
+    engine = Engine.load(model_dir, device=device, kenlm=kenlm)
+    cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
+                       cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout)
+
+    def announce(srv, bound):
+        click.echo(f"cslm: serving {model_dir} on {host}:{bound} (order {engine.order}, {len(engine.vocab)} words, "
+                   f"mode {engine.mode}, device {engine.device})", err=True)
+        if port_file:
+            from moses_rnn.textio import atomic_output
+
+            with atomic_output(port_file, compress=False) as f:
+                f.write(f"{bound}\n".encode())
+
+    run(engine, cfg, announce)
+    click.echo("cslm: server stopped", err=True)
+
+
+@main.command()
+@click.argument("address", metavar="HOST:PORT")
+@_fail_cleanly
+def stats(address):
+    """Print a running server's statistics (JSON)."""
+    from .client import Client, parse_address
+
+    with Client(*parse_address(address)) as c:
+        click.echo(json.dumps(c.stats(), indent=2))
+
+
+if __name__ == "__main__":
+    main()

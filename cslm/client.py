@@ -1,0 +1,167 @@
+"""Python clients for `cslm serve`: a blocking one and an asyncio one (protocol: docs/cslm.md).
+
+    with Client("127.0.0.1", 5555) as lm:
+        ids = lm.lookup(["le", "chat"])
+        logp, flags = lm.score(ngrams)           # (N, n) ids -> natural-log probs, flags
+        logp, flags = lm.score_text(["<s> le chat"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from typing import Sequence
+
+import numpy as np
+
+from . import protocol as P
+
+
+class ServerError(RuntimeError):
+    def __init__(self, code: int, message: str):
+        super().__init__(f"cslm server error {code}: {message}")
+        self.code = code
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {addr!r}")
+    return host or "127.0.0.1", int(port)
+
+
+class Client:
+    """One blocking connection; one request in flight at a time. Not shared between threads."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 5555, timeout: float | None = 30.0,
+                 expected_checksum: str | None = None):
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as e:
+            raise ConnectionError(f"cslm: cannot connect to {host}:{port}: {e}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.where = f"{host}:{port}"
+        self.next_id = 1
+        self.info = P.decode_hello_reply(self._request(P.HELLO, P.encode_hello(), P.HELLO | P.REPLY))
+        if expected_checksum and expected_checksum != self.info["checksum"]:
+            self.close()
+            raise ConnectionError(f"cslm: {self.where} serves vocabulary {self.info['checksum']}, "
+                                  f"expected {expected_checksum}")
+        self.order = self.info["order"]
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _recv(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError(f"cslm: {self.where} closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def _request(self, type_: int, payload: bytes, expect: int) -> bytes:
+        rid = self.next_id
+        self.next_id = (self.next_id % 0xFFFFFFFF) + 1
+        self.sock.sendall(P.frame(type_, rid, payload))
+        while True:
+            length, rtype, got = P.parse_header(self._recv(P.HEADER_SIZE))
+            body = self._recv(length)
+            if rtype == P.ERROR:
+                self.close()
+                raise ServerError(*P.decode_error(body))
+            if got == rid:
+                if rtype != expect:
+                    raise ConnectionError(f"cslm: unexpected reply type 0x{rtype:02x}")
+                return body
+
+    def score(self, ngrams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N, n) word ids, predicted word last -> (N,) float32 ln P, (N,) uint8 flags."""
+        ngrams = np.asarray(ngrams)
+        if len(ngrams) == 0:
+            return np.empty(0, np.float32), np.zeros(0, np.uint8)
+        return P.decode_scores(self._request(P.SCORE, P.encode_score(ngrams), P.SCORES))
+
+    def score_text(self, ngrams: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """N-grams as space-separated words."""
+        if not ngrams:
+            return np.empty(0, np.float32), np.zeros(0, np.uint8)
+        return P.decode_scores(self._request(P.SCORE_TEXT, P.encode_score_text(list(ngrams)), P.SCORES))
+
+    def lookup(self, words: Sequence[str]) -> np.ndarray:
+        if not words:
+            return np.zeros(0, np.int64)
+        return P.decode_ids(self._request(P.LOOKUP, P.encode_lookup(list(words)), P.LOOKUP | P.REPLY))
+
+    def vocabulary(self) -> list[str]:
+        return P._decode_lines(self._request(P.VOCAB, b"", P.VOCAB | P.REPLY), "VOCAB")
+
+    def stats(self) -> dict:
+        return json.loads(self._request(P.STATS, b"", P.STATS | P.REPLY))
+
+
+class AsyncClient:
+    """One asyncio connection with any number of requests in flight (replies matched by id)."""
+
+    def __init__(self):
+        self.pending: dict[int, asyncio.Future] = {}
+        self.next_id = 1
+        self.info: dict = {}
+
+    @classmethod
+    async def connect(cls, host: str = "127.0.0.1", port: int = 5555) -> "AsyncClient":
+        self = cls()
+        self.reader, self.writer = await asyncio.open_connection(host, port)
+        self.reader_task = asyncio.create_task(self._read_loop())
+        self.info = P.decode_hello_reply(await self._request(P.HELLO, P.encode_hello()))
+        return self
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                length, rtype, rid = P.parse_header(await self.reader.readexactly(P.HEADER_SIZE))
+                body = await self.reader.readexactly(length)
+                if rtype == P.ERROR:
+                    err = ServerError(*P.decode_error(body))
+                    for f in self.pending.values():
+                        if not f.done():
+                            f.set_exception(err)
+                    return
+                fut = self.pending.pop(rid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(body)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            for f in self.pending.values():
+                if not f.done():
+                    f.set_exception(ConnectionError(f"cslm: connection lost ({e})"))
+
+    async def _request(self, type_: int, payload: bytes) -> bytes:
+        rid = self.next_id
+        self.next_id += 1
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        self.writer.write(P.frame(type_, rid, payload))
+        await self.writer.drain()
+        return await fut
+
+    async def score(self, ngrams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return P.decode_scores(await self._request(P.SCORE, P.encode_score(ngrams)))
+
+    async def stats(self) -> dict:
+        return json.loads(await self._request(P.STATS, b""))
+
+    async def close(self) -> None:
+        self.reader_task.cancel()
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, asyncio.CancelledError):
+            pass

@@ -1,0 +1,197 @@
+"""The batched scoring engine: any number of n-grams in, natural-log probabilities out.
+
+`Engine.score_ids` is the one function the server, `cslm score`, `cslm eval`
+and n-best rescoring all call. For N n-grams it
+
+1. left-pads n-grams shorter than the model's order with `<s>`;
+2. finds the distinct (n-1)-word histories (a decoder asks for many words after
+   the same history);
+3. runs the projection and hidden layers once per distinct history, in chunks
+   of at most `chunk` histories, and the output layer + log-softmax
+   normaliser for each (Eq. (2): ln P(w|h) = o_w - ln sum_r exp(o_r));
+4. gathers, for each n-gram, the one output it asked for.
+
+On the CPU, results do not depend on which other n-grams share the call: every
+chunk is padded to at least `min_rows` rows, because the CPU matrix kernels sum
+in a different order when a chunk has few rows per thread (measured with MKL:
+up to 11 rows differ in the last bits with 2 threads, up to 27 with 16), and the
+server must return bit-identical numbers to an offline run. On a GPU the
+agreement is to within float32 rounding.
+
+Unknown words (outside the shortlist). Mode "unk" (the paper's choice): the
+n-gram is scored as predicting `[UNK]`, i.e. the value is ln P([UNK] | h), the
+probability of the whole class of unknown words, and flag UNKNOWN is set so the
+caller can count them for a word-penalty feature. Mode "backoff" (as in the
+CSLM toolkit): when the predicted word's *string* is known (text requests), an
+unknown word gets ln P(w | h) from a KenLM n-gram model over the same history
+(flags UNKNOWN|BACKOFF). Shortlist words keep their CSLM value; the mixture is
+not renormalised (the shortlist mass and the n-gram mass of the other words
+each approximately fill their share). Words outside the shortlist in the
+*history* enter the CSLM as `[UNK]` in both modes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from moses_rnn.train import resolve_device
+from moses_rnn.vocab import BOS, EOS, Vocabulary
+
+from . import modeldir
+from .data import sentence_ngrams
+from .model import CSLM
+
+UNKNOWN, BACKOFF = 1, 2
+LN10 = math.log(10.0)
+
+
+class KenLMBackoff:
+    """ln P(w | history) from a KenLM ARPA or binary model, for words outside the shortlist."""
+
+    def __init__(self, path: str):
+        try:
+            import kenlm
+        except ImportError:  # pragma: no cover - depends on the installation
+            raise RuntimeError("back-off mode needs the kenlm package: pip install kenlm") from None
+        self._kenlm = kenlm
+        self.path = path
+        self.model = kenlm.Model(path)
+        self.order = self.model.order
+
+    def logprob(self, history: Sequence[str], word: str) -> float:
+        """Natural-log P(word | history); a history starting with <s> starts a sentence."""
+        kenlm = self._kenlm
+        state, out = kenlm.State(), kenlm.State()
+        h = list(history)
+        if h and h[0] == BOS:
+            while h and h[0] == BOS:
+                h.pop(0)
+            self.model.BeginSentenceWrite(state)
+        else:
+            self.model.NullContextWrite(state)
+        for w in h[-(self.order - 1):] if self.order > 1 else []:
+            self.model.BaseScore(state, w, out)
+            state, out = out, state
+        return self.model.BaseScore(state, word, out) * LN10  # KenLM answers log10
+
+    def sentence_logprob(self, words: Sequence[str]) -> float:
+        """Natural-log probability of a sentence, </s> included."""
+        return self.model.score(" ".join(words), bos=True, eos=True) * LN10
+
+    def full_scores(self, words: Sequence[str]) -> list[tuple[float, bool]]:
+        """(natural-log prob, is OOV for KenLM) of each word and </s>."""
+        return [(lp * LN10, oov) for lp, _, oov in self.model.full_scores(" ".join(words), bos=True, eos=True)]
+
+
+class Engine:
+    def __init__(self, model: CSLM, vocab: Vocabulary, device: str | torch.device = "cpu",
+                 backoff: KenLMBackoff | None = None, chunk: int = 2048):
+        self.model = model.eval()
+        self.vocab = vocab
+        self.device = torch.device(device)
+        self.backoff = backoff
+        self.chunk = chunk
+        self.order = model.config.order
+        self.bos_id, self.eos_id, self.unk_id = vocab.index[BOS], vocab.index[EOS], vocab.unk_id
+        self.mode = "backoff" if backoff is not None else "unk"
+        self.min_rows = max(32, 4 * torch.get_num_threads())
+
+    @classmethod
+    def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048) -> "Engine":
+        dev = resolve_device(device)
+        m = modeldir.load(model_dir, dev)
+        return cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk)
+
+    # -- the batched core -------------------------------------------------
+    def pad(self, ngrams: np.ndarray) -> np.ndarray:
+        """(N, n) ids with 1 <= n <= order -> (N, order) int32, left-padded with <s>; validates ids."""
+        ngrams = np.asarray(ngrams)
+        if ngrams.ndim != 2 or not 1 <= ngrams.shape[1] <= self.order:
+            raise ValueError(f"n-grams must be an (N, n) array with 1 <= n <= {self.order}, got shape {ngrams.shape}")
+        if ngrams.size and (ngrams.min() < 0 or ngrams.max() >= len(self.vocab)):
+            raise ValueError(f"word id outside the vocabulary (0..{len(self.vocab) - 1})")
+        ngrams = ngrams.astype(np.int32, copy=False)
+        if ngrams.shape[1] < self.order:
+            pad = np.full((len(ngrams), self.order - ngrams.shape[1]), self.bos_id, np.int32)
+            ngrams = np.concatenate([pad, ngrams], axis=1)
+        return np.ascontiguousarray(ngrams)
+
+    @torch.no_grad()
+    def score_ids(self, ngrams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(N, n) word ids -> (N,) float32 ln P(last | previous), (N,) uint8 flags."""
+        ngrams = self.pad(ngrams)
+        n = len(ngrams)
+        logp = np.empty(n, np.float32)
+        flags = (ngrams[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
+        if n == 0:
+            return logp, flags
+        # Distinct histories: view each row's n-1 ids as one opaque value and sort.
+        ctx = np.ascontiguousarray(ngrams[:, :-1])
+        keys = ctx.view(np.dtype((np.void, ctx.dtype.itemsize * ctx.shape[1]))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        uniq = ctx[first]  # (U, n-1), in key order; inverse maps n-gram -> its history
+        order = np.argsort(inverse, kind="stable")  # n-grams grouped by history
+        bounds = np.searchsorted(inverse[order], np.arange(0, len(uniq) + self.chunk, self.chunk))
+        targets = torch.from_numpy(ngrams[:, -1].astype(np.int64))
+        inv = torch.from_numpy(inverse.astype(np.int64))
+        for c, start in enumerate(range(0, len(uniq), self.chunk)):
+            rows = uniq[start : start + self.chunk]
+            m = len(rows)
+            if m < self.min_rows:  # see the module docstring: pad so results are batch-independent
+                rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - m, axis=0)])
+            h = torch.from_numpy(rows.astype(np.int64)).to(self.device)
+            logits = self.model(h).float()  # (C, V) output-layer activations o
+            log_z = torch.logsumexp(logits, dim=1)  # ln sum_r exp(o_r), Eq. (2)'s normaliser
+            sel = torch.from_numpy(order[bounds[c] : bounds[c + 1]])
+            local = (inv[sel] - start).to(self.device)
+            lp = logits[local, targets[sel].to(self.device)] - log_z[local]  # o_w - ln Z
+            logp[sel.numpy()] = lp.cpu().numpy()
+        return logp, flags
+
+    # -- word strings -------------------------------------------------------
+    def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """N-grams as word lists (1..order words each); back-off applies to unknown predicted words."""
+        if not ngrams:
+            return np.empty(0, np.float32), np.zeros(0, np.uint8)
+        rows = np.full((len(ngrams), self.order), self.bos_id, np.int32)
+        for i, g in enumerate(ngrams):
+            if not 1 <= len(g) <= self.order:
+                raise ValueError(f"n-gram {i + 1} has {len(g)} words; allowed 1..{self.order}")
+            rows[i, self.order - len(g) :] = self.vocab.encode(g)
+        logp, flags = self.score_ids(rows)
+        if self.backoff is not None:
+            self.apply_backoff(ngrams, logp, flags)
+        return logp, flags
+
+    def apply_backoff(self, ngrams: Sequence[Sequence[str]], logp: np.ndarray, flags: np.ndarray) -> None:
+        """Replace the [UNK]-class value of unknown predicted words with the n-gram model's."""
+        for i in np.flatnonzero(flags & UNKNOWN):
+            g = ngrams[i]
+            history = [BOS] * (self.order - len(g)) + list(g[:-1])
+            logp[i] = self.backoff.logprob(history, g[-1])
+            flags[i] |= BACKOFF
+
+    def sentence_ngrams(self, words: Sequence[str]) -> np.ndarray:
+        return sentence_ngrams(self.vocab.encode(words), self.order, self.bos_id, self.eos_id)
+
+    def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sentence: (len+1,) ln P of each word and </s>, and their flags; one batched call."""
+        if not sentences:
+            return []
+        rows = [self.sentence_ngrams(s) for s in sentences]
+        logp, flags = self.score_ids(np.concatenate(rows))
+        out, at = [], 0
+        for s, r in zip(sentences, rows):
+            lp, fl = logp[at : at + len(r)], flags[at : at + len(r)]
+            at += len(r)
+            if self.backoff is not None and fl.any():
+                words = [BOS] * (self.order - 1) + list(s) + [EOS]
+                grams = [words[j : j + self.order] for j in range(len(r))]
+                self.apply_backoff(grams, lp, fl)
+            out.append((lp, fl))
+        return out

@@ -1,0 +1,359 @@
+"""`cslm serve`: an asyncio TCP server that scores n-grams for decoders (protocol: docs/cslm.md).
+
+Dynamic batching. Every SCORE/SCORE_TEXT request, from any connection, goes
+into one queue. The batcher takes the oldest request, then keeps collecting
+for at most `max_delay` seconds (busy-polling the event loop, since epoll's
+timer resolution is a millisecond) or until `max_batch` n-grams are waiting;
+it scores the lot with one `Engine.score_ids` call in a worker thread and
+hands each request its own slice. While the worker computes, new requests
+queue up and form the next batch, so under load batches fill without waiting.
+
+An n-gram cache (FIFO eviction, keyed by the padded id n-gram) sits in front
+of the engine; hits skip the network's forward pass entirely.
+
+Robustness: frames over `max_frame` bytes, unknown types, bad payloads and
+requests before the handshake get an ERROR reply and that connection is
+closed; other connections never notice. Idle connections are closed after
+`idle_timeout` seconds. SIGTERM/SIGINT stop accepting, finish the requests
+already read, and return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from . import protocol as P
+from .engine import Engine
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 5555
+    max_batch: int = 8192  # n-grams per engine call
+    max_delay: float = 0.0002  # seconds a request may wait for others to fill a batch
+    cache_size: int = 1_000_000  # n-grams; 0 disables the cache
+    max_frame: int = P.DEFAULT_MAX_FRAME
+    idle_timeout: float = 300.0
+
+
+NAMES = {P.HELLO: "hello", P.SCORE: "score", P.SCORE_TEXT: "score_text", P.LOOKUP: "lookup", P.VOCAB: "vocab",
+         P.STATS: "stats"}
+
+
+class Stats:
+    def __init__(self):
+        self.started = time.time()
+        self.requests: collections.Counter = collections.Counter()
+        self.ngrams = 0
+        self.batches = 0
+        self.batch_ngrams_total = 0
+        self.batch_ngrams_max = 0
+        self.batch_requests_total = 0
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.errors = 0
+        self.connections_open = 0
+        self.connections_total = 0
+        self.latencies: collections.deque = collections.deque(maxlen=10000)  # seconds, score requests
+
+    def to_dict(self, cache_len: int, cache_cap: int) -> dict:
+        lat = np.array(self.latencies) * 1e3 if self.latencies else np.zeros(1)
+        pct = {f"p{q}": round(float(np.percentile(lat, q)), 3) for q in (50, 90, 99)}
+        return {
+            "uptime_s": round(time.time() - self.started, 1),
+            "requests": sum(self.requests.values()),
+            "requests_by_type": {NAMES.get(t, str(t)): n for t, n in self.requests.items()},
+            "ngrams": self.ngrams,
+            "batches": self.batches,
+            "batch_ngrams": {
+                "mean": round(self.batch_ngrams_total / max(self.batches, 1), 1),
+                "max": self.batch_ngrams_max,
+                "requests_per_batch": round(self.batch_requests_total / max(self.batches, 1), 2),
+            },
+            "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "size": cache_len, "capacity": cache_cap},
+            "latency_ms": {**pct, "max": round(float(lat.max()), 3), "window": len(self.latencies)},
+            "errors": self.errors,
+            "connections": {"open": self.connections_open, "total": self.connections_total},
+        }
+
+
+class CachedScorer:
+    """Engine.score_ids behind an n-gram cache; called from the single worker thread only."""
+
+    def __init__(self, engine: Engine, capacity: int, stats: Stats):
+        self.engine, self.capacity, self.stats = engine, capacity, stats
+        self.cache: dict[bytes, tuple[float, int]] = {}
+
+    def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if not self.capacity:
+            return self.engine.score_ids(rows)
+        keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel().tolist()
+        get = self.cache.get
+        found = [get(k) for k in keys]
+        miss = [i for i, f in enumerate(found) if f is None]
+        self.stats.cache_hits += len(keys) - len(miss)
+        self.stats.cache_misses += len(miss)
+        logp = np.empty(len(rows), np.float32)
+        flags = np.empty(len(rows), np.uint8)
+        if len(miss) < len(keys):
+            hit = np.array([i for i, f in enumerate(found) if f is not None])
+            vals = np.array([found[i] for i in hit], dtype=np.float64)
+            logp[hit], flags[hit] = vals[:, 0], vals[:, 1]
+        if miss:
+            m = np.array(miss)
+            lp, fl = self.engine.score_ids(rows[m])
+            logp[m], flags[m] = lp, fl
+            self.cache.update(zip((keys[i] for i in miss), zip(lp.tolist(), fl.tolist())))
+            over = len(self.cache) - self.capacity
+            if over > 0:  # FIFO: dicts keep insertion order
+                for k in list(itertools.islice(self.cache, over)):
+                    del self.cache[k]
+        return logp, flags
+
+
+class Batcher:
+    def __init__(self, scorer: CachedScorer, cfg: ServerConfig, stats: Stats):
+        self.scorer, self.cfg, self.stats = scorer, cfg, stats
+        self.queue: collections.deque = collections.deque()
+        self.wakeup = asyncio.Event()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cslm-engine")
+        self.task: asyncio.Task | None = None
+        self.stopping = False
+
+    def submit(self, rows: np.ndarray) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.append((rows, fut))
+        self.wakeup.set()
+        return fut
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.queue:
+                if self.stopping:
+                    return
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            # Wait up to max_delay for other requests to join, polling the loop.
+            deadline = time.perf_counter() + self.cfg.max_delay
+            while self._waiting() < self.cfg.max_batch and time.perf_counter() < deadline and not self.stopping:
+                await asyncio.sleep(0)
+            batch, total = [], 0
+            while self.queue and (not batch or total + len(self.queue[0][0]) <= self.cfg.max_batch):
+                rows, fut = self.queue.popleft()
+                if fut.cancelled():
+                    continue
+                batch.append((rows, fut))
+                total += len(rows)
+            if not batch:
+                continue
+            rows = np.concatenate([r for r, _ in batch]) if len(batch) > 1 else batch[0][0]
+            try:
+                logp, flags = await loop.run_in_executor(self.pool, self.scorer, rows)
+            except Exception as e:  # surfaces as an INTERNAL error on each request
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+                continue
+            self.stats.batches += 1
+            self.stats.batch_ngrams_total += total
+            self.stats.batch_ngrams_max = max(self.stats.batch_ngrams_max, total)
+            self.stats.batch_requests_total += len(batch)
+            at = 0
+            for r, fut in batch:
+                if not fut.done():
+                    fut.set_result((logp[at : at + len(r)], flags[at : at + len(r)]))
+                at += len(r)
+
+    def _waiting(self) -> int:
+        return sum(len(r) for r, _ in self.queue)
+
+
+class Server:
+    def __init__(self, engine: Engine, cfg: ServerConfig | None = None):
+        self.engine = engine
+        self.cfg = cfg or ServerConfig()
+        self.stats = Stats()
+        self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
+        v = engine.vocab
+        self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,
+                                          self.cfg.max_frame, engine.mode, v.checksum())
+        self.vocab_payload = P._encode_lines(v.words)
+        self.batcher: Batcher | None = None
+        self.server: asyncio.base_events.Server | None = None
+        self.connections: set[asyncio.Task] = set()
+        self.inflight: set[asyncio.Task] = set()
+        self.closing = False
+        self.port: int | None = None
+        self._done: asyncio.Event | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self) -> int:
+        self.batcher = Batcher(self.scorer, self.cfg, self.stats)
+        self.batcher.task = asyncio.create_task(self.batcher.run())
+        self._done = asyncio.Event()
+        self.server = await asyncio.start_server(self._connection, self.cfg.host, self.cfg.port,
+                                                 limit=1 << 16, reuse_address=True)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self.port
+
+    def request_shutdown(self) -> None:
+        if not self.closing:
+            self.closing = True
+            asyncio.get_running_loop().create_task(self._shutdown())
+
+    async def _shutdown(self) -> None:
+        self.server.close()
+        if self.inflight:  # drain: answer every request already read
+            await asyncio.gather(*list(self.inflight), return_exceptions=True)
+        for t in list(self.connections):
+            t.cancel()
+        if self.connections:
+            await asyncio.gather(*list(self.connections), return_exceptions=True)
+        self.batcher.stopping = True
+        self.batcher.wakeup.set()
+        await self.batcher.task
+        self.batcher.pool.shutdown(wait=True)
+        self._done.set()
+
+    async def wait_closed(self) -> None:
+        await self._done.wait()
+
+    # -- one connection -----------------------------------------------------
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.connections.add(task)
+        self.stats.connections_open += 1
+        self.stats.connections_total += 1
+        mine: set[asyncio.Task] = set()
+        try:
+            await self._serve_frames(reader, writer, mine)
+        except (asyncio.CancelledError, ConnectionError):
+            pass
+        finally:
+            if mine:
+                await asyncio.gather(*list(mine), return_exceptions=True)
+            self.stats.connections_open -= 1
+            self.connections.discard(task)
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+
+    async def _serve_frames(self, reader, writer, mine: set) -> None:
+        cfg, handshaken = self.cfg, False
+        while not self.closing:
+            try:
+                head = await asyncio.wait_for(reader.readexactly(P.HEADER_SIZE), cfg.idle_timeout)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                return  # idle, or the client went away (possibly mid-header)
+            length, type_, rid = P.parse_header(head)
+            try:
+                if length > cfg.max_frame:
+                    raise P.ProtocolError(P.E_TOO_LARGE, f"frame of {length} bytes exceeds the limit of {cfg.max_frame}")
+                if type_ not in P.REQUEST_TYPES:
+                    raise P.ProtocolError(P.E_UNKNOWN_TYPE, f"unknown frame type 0x{type_:02x}")
+                try:
+                    payload = await asyncio.wait_for(reader.readexactly(length), cfg.idle_timeout)
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError):
+                    return  # truncated frame: nobody left to answer
+                t0 = time.perf_counter()
+                self.stats.requests[type_] += 1
+                if type_ == P.HELLO:
+                    P.check_hello(payload)
+                    handshaken = True
+                    writer.write(P.frame(P.HELLO | P.REPLY, rid, self.hello))
+                elif not handshaken:
+                    raise P.ProtocolError(P.E_NO_HANDSHAKE, "the first frame must be HELLO")
+                elif type_ == P.SCORE:
+                    rows = self.engine.pad(P.decode_score(payload, self.engine.order, len(self.engine.vocab)))
+                    self._spawn(mine, self._score(writer, rid, rows, None, t0))
+                elif type_ == P.SCORE_TEXT:
+                    grams = P.decode_score_text(payload, self.engine.order)
+                    rows = np.full((len(grams), self.engine.order), self.engine.bos_id, np.int32)
+                    for i, g in enumerate(grams):
+                        rows[i, self.engine.order - len(g):] = self.engine.vocab.encode(g)
+                    self._spawn(mine, self._score(writer, rid, rows, grams, t0))
+                elif type_ == P.LOOKUP:
+                    words = P.decode_lookup(payload)
+                    writer.write(P.frame(P.LOOKUP | P.REPLY, rid, P.encode_ids(self.engine.vocab.encode(words))))
+                elif type_ == P.VOCAB:
+                    writer.write(P.frame(P.VOCAB | P.REPLY, rid, self.vocab_payload))
+                elif type_ == P.STATS:
+                    writer.write(P.frame(P.STATS | P.REPLY, rid, json.dumps(self.stats_dict()).encode("utf-8")))
+                await writer.drain()
+            except P.ProtocolError as e:
+                await self._error(writer, rid, e.code, str(e))
+                return
+
+    def _spawn(self, mine: set, coro) -> None:
+        t = asyncio.create_task(coro)
+        for s in (mine, self.inflight):
+            s.add(t)
+            t.add_done_callback(s.discard)
+
+    async def _score(self, writer, rid: int, rows: np.ndarray, grams, t0: float) -> None:
+        try:
+            logp, flags = await self.batcher.submit(rows)
+            if grams is not None and self.engine.backoff is not None and (flags & 1).any():
+                logp, flags = logp.copy(), flags.copy()
+                self.engine.apply_backoff(grams, logp, flags)
+        except Exception as e:  # the error reply closes this connection only
+            await self._error(writer, rid, P.E_INTERNAL, f"scoring failed: {e}")
+            writer.close()
+            return
+        self.stats.ngrams += len(rows)
+        writer.write(P.frame(P.SCORES, rid, P.encode_scores(logp, flags)))
+        self.stats.latencies.append(time.perf_counter() - t0)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+
+    async def _error(self, writer, rid: int, code: int, message: str) -> None:
+        self.stats.errors += 1
+        try:
+            writer.write(P.frame(P.ERROR, rid, P.encode_error(code, message)))
+            await writer.drain()
+        except ConnectionError:
+            pass
+
+    def stats_dict(self) -> dict:
+        d = self.stats.to_dict(len(self.scorer.cache), self.cfg.cache_size)
+        d["config"] = asdict(self.cfg)
+        d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
+                      "device": str(self.engine.device)}
+        return d
+
+
+async def _main(engine: Engine, cfg: ServerConfig, announce) -> None:
+    srv = Server(engine, cfg)
+    port = await srv.start()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, srv.request_shutdown)
+    announce(srv, port)
+    await srv.wait_closed()
+
+
+def serve(engine: Engine, cfg: ServerConfig, announce=None) -> None:
+    """Run the server until SIGTERM/SIGINT; `announce(server, port)` is called once listening."""
+
+    def default_announce(srv, port):
+        print(f"cslm: serving on {cfg.host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
+              f"mode {engine.mode}, device {engine.device})", file=sys.stderr, flush=True)
+
+    asyncio.run(_main(engine, cfg, announce or default_announce))
