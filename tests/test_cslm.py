@@ -1,0 +1,288 @@
+"""CSLM: model, streaming data, training/resume, the batched engine, scoring, perplexity, n-best rescoring."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from cslm import modeldir
+from cslm.apply import perplexity, rescore_nbest, score_file
+from cslm.data import sentence_ngrams, stream_batches, scan_corpus
+from cslm.engine import BACKOFF, UNKNOWN, Engine
+from cslm.model import CSLM, CSLMConfig, preset_config
+from cslm.train import TrainConfig, train
+from moses_rnn.textio import InputError
+from moses_rnn.vocab import BOS, EOS, UNK
+
+WORDS = [f"w{i}" for i in range(120)]
+
+
+def synthetic_corpus(path, sentences=400, seed=0):
+    """Zipf-ish random sentences with some local structure (w_i tends to follow w_{i-1})."""
+    rng = random.Random(seed)
+    weights = [1.0 / (i + 1) for i in range(len(WORDS))]
+    lines = []
+    for _ in range(sentences):
+        n = rng.randint(3, 12)
+        s = [rng.choices(WORDS, weights)[0]]
+        while len(s) < n:
+            prev = int(s[-1][1:])
+            s.append(WORDS[(prev + 1) % len(WORDS)] if rng.random() < 0.5 else rng.choices(WORDS, weights)[0])
+        lines.append(" ".join(s))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def cslm_corpus(tmp_path_factory):
+    return synthetic_corpus(tmp_path_factory.mktemp("cslm-corpus") / "corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def cslm_model(cslm_corpus, tmp_path_factory):
+    """Tiny preset with a 60-word shortlist (so unknown words occur), two epochs."""
+    out = tmp_path_factory.mktemp("cslm-model")
+    cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=2, valid_fraction=0.05, batch_size=64, device="cpu")
+    train(str(cslm_corpus), str(out), cfg, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine(cslm_model):
+    return Engine.load(str(cslm_model), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def unigram_arpa(cslm_corpus, tmp_path_factory):
+    """A hand-written ARPA model of the synthetic corpus: unigrams, back-off weights 0, one bigram
+    (KenLM needs order >= 2), so P(w | h) = P(w) for every other history."""
+    from collections import Counter
+
+    counts = Counter()
+    for line in cslm_corpus.read_text().splitlines():
+        counts.update(line.split() + [EOS])
+    total = sum(counts.values()) + 1
+    entries = [(math.log10(c / total), w) for w, c in sorted(counts.items())]
+    entries += [(math.log10(1 / total), "<unk>"), (-99.0, BOS)]
+    path = tmp_path_factory.mktemp("arpa") / "uni.arpa"
+    body = "".join(f"{lp:.6f}\t{w}\t0\n" for lp, w in entries)
+    path.write_text(f"\n\\data\\\nngram 1={len(entries)}\nngram 2=1\n\n\\1-grams:\n{body}\n"
+                    f"\\2-grams:\n-0.5\t{BOS} w0\n\n\\end\\\n", encoding="utf-8")
+    return path
+
+
+# -- model --------------------------------------------------------------------
+def test_paper_preset_matches_section_4_1_2():
+    cfg = preset_config("paper")
+    model = CSLM(cfg)
+    assert (cfg.order, cfg.embed, cfg.hidden, cfg.vocab_size) == (7, 512, (1536, 1024), 15000)
+    assert model.hidden[0].in_features == 6 * 512 == 3072
+    assert [layer.out_features for layer in model.hidden] == [1536, 1024]
+    assert model.out.out_features == 15000
+    model.init_weights()
+    for p in model.parameters():
+        assert float(p.detach().abs().max()) <= 0.01
+
+
+def test_forward_is_a_normalised_distribution():
+    torch.manual_seed(0)
+    model = CSLM(CSLMConfig(vocab_size=50, order=4, embed=8, hidden=(16, 12)))
+    model.init_weights()
+    ctx = torch.randint(0, 50, (5, 3))
+    p = torch.softmax(model(ctx), dim=-1)
+    assert p.shape == (5, 50)
+    assert torch.allclose(p.sum(-1), torch.ones(5))
+
+
+# -- data ---------------------------------------------------------------------
+def test_sentence_ngrams_pad_with_bos_and_predict_eos():
+    g = sentence_ngrams([5, 6], order=4, bos=1, eos=0)
+    assert g.tolist() == [[1, 1, 1, 5], [1, 1, 5, 6], [1, 5, 6, 0]]
+
+
+def test_stream_is_a_pure_function_of_seed_and_step(cslm_corpus, engine):
+    info = scan_corpus(str(cslm_corpus), 0.05, seed=3)
+    args = (str(cslm_corpus), engine.vocab, info.heldout_lines, 7, 32, 3)
+    full = list(itertools.islice(stream_batches(*args), 200))  # spans several passes
+    resumed = list(itertools.islice(stream_batches(*args, start_step=137), 63))
+    assert all(np.array_equal(a, b) for a, b in zip(full[137:], resumed))
+    # held-out sentences never reach training
+    held = set(info.heldout_lines.tolist())
+    assert len(held) == round(400 * 0.05)
+
+
+# -- training -----------------------------------------------------------------
+def test_training_writes_a_loadable_model_dir(cslm_model):
+    m = modeldir.load(str(cslm_model))
+    assert len(m.vocab) == 60 and m.vocab.words[:3] == [EOS, BOS, UNK]
+    assert m.meta["valid_ngrams"] > 0
+    cfg = json.loads((cslm_model / "config.json").read_text())
+    assert cfg["format"] == "cslm"
+    assert (cslm_model / "checkpoint.pt").exists() and (cslm_model / "cslm.vocab").exists()
+
+
+def test_training_learns_and_resume_continues(cslm_corpus, tmp_path):
+    cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=1, valid_fraction=0.05, batch_size=64, device="cpu")
+    first = train(str(cslm_corpus), str(tmp_path), cfg, progress=False)
+    cfg.max_epochs = 3
+    more = train(str(cslm_corpus), str(tmp_path), cfg, resume=True, progress=False)
+    assert more["epochs"] == 3 and len(more["valid_ppl_history"]) == 3
+    assert more["valid_ppl_history"][0] == first["valid_ppl_history"][0]
+    assert more["best_valid_ppl"] < first["best_valid_ppl"] < 60  # better than uniform over the shortlist
+
+
+def test_early_stopping_by_patience(cslm_corpus, tmp_path):
+    cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=50, patience=1, valid_fraction=0.05, batch_size=64,
+                      lr=0.5, epoch_ngrams=500, device="cpu")  # a too-large step size stops improving quickly
+    res = train(str(cslm_corpus), str(tmp_path), cfg, progress=False)
+    assert res["stopped"] == "patience" and res["epochs"] < 50
+
+
+def test_training_rejects_a_corpus_too_small(tmp_path):
+    (tmp_path / "one.txt").write_text("just one sentence\n")
+    with pytest.raises(ValueError, match="at least 2"):
+        train(str(tmp_path / "one.txt"), str(tmp_path / "m"), TrainConfig(preset="tiny", device="cpu"), progress=False)
+
+
+def test_bad_utf8_is_reported_with_file_and_line(tmp_path):
+    p = tmp_path / "bad.txt"
+    p.write_bytes(b"a b c\nd \xff e\n")
+    with pytest.raises(InputError, match=r"bad.txt:2"):
+        train(str(p), str(tmp_path / "m"), TrainConfig(preset="tiny", device="cpu"), progress=False)
+
+
+# -- engine -------------------------------------------------------------------
+def test_engine_matches_a_direct_softmax(engine):
+    rng = np.random.default_rng(0)
+    grams = rng.integers(0, len(engine.vocab), size=(300, 7)).astype(np.int32)
+    grams[:100, :-1] = grams[0, :-1]  # many n-grams share one history
+    logp, flags = engine.score_ids(grams)
+    with torch.no_grad():
+        ref = torch.log_softmax(engine.model(torch.from_numpy(grams[:, :-1]).long()), -1)
+    ref = ref[torch.arange(300), torch.from_numpy(grams[:, -1]).long()].numpy()
+    assert np.allclose(logp, ref, atol=1e-5)
+    assert np.array_equal(flags, (grams[:, -1] == engine.unk_id).astype(np.uint8))
+
+
+def test_engine_results_do_not_depend_on_the_batch(engine):
+    rng = np.random.default_rng(1)
+    grams = rng.integers(0, len(engine.vocab), size=(500, 7)).astype(np.int32)
+    together, _ = engine.score_ids(grams)
+    alone = np.concatenate([engine.score_ids(grams[i : i + 1])[0] for i in range(0, 500, 37)])
+    assert np.array_equal(alone, together[::37])
+    assert np.array_equal(engine.score_ids(grams[::-1])[0], together[::-1])
+
+
+def test_short_ngrams_are_left_padded_with_bos(engine):
+    ids = engine.vocab.encode(["w0", "w1"])
+    short, _ = engine.score_ids(np.array([ids]))
+    full, _ = engine.score_ids(np.array([[engine.bos_id] * 5 + ids]))
+    assert short[0] == full[0]
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.score_ids(np.array([[len(engine.vocab)]]))
+    with pytest.raises(ValueError, match="1 <= n <= 7"):
+        engine.score_ids(np.zeros((2, 8), np.int32))
+
+
+def test_unknown_words_in_unk_mode(engine):
+    (lp, fl), = engine.score_sentences([["w0", "never-seen", "w1"]])
+    assert fl.tolist() == [0, UNKNOWN, 0, 0]
+    unk, _ = engine.score_words([[BOS] * 5 + ["w0", UNK]])
+    assert lp[1] == unk[0]  # an unknown word costs ln P([UNK] | h)
+
+
+def test_backoff_mode_uses_kenlm_for_unknown_words(cslm_model, unigram_arpa):
+    pytest.importorskip("kenlm", reason="back-off mode needs the optional kenlm package")
+    eng = Engine.load(str(cslm_model), device="cpu", kenlm=str(unigram_arpa))
+    rare = next(w for w in reversed(WORDS) if w not in eng.vocab)
+    (lp, fl), = eng.score_sentences([["w0", rare, "w1"]])
+    assert fl.tolist() == [0, UNKNOWN | BACKOFF, 0, 0]
+    assert lp[1] == pytest.approx(eng.backoff.logprob([BOS, "w0"], rare))
+    assert lp[1] == pytest.approx(math.log(10) * eng.backoff.model.score(rare, bos=False, eos=False), rel=1e-5)
+    plain = Engine.load(str(cslm_model), device="cpu")
+    (lp0, _), = plain.score_sentences([["w0", rare, "w1"]])
+    assert lp0[0] == lp[0] and lp0[2] == lp[2]  # shortlist words keep their CSLM values
+
+
+# -- text tools -----------------------------------------------------------------
+def test_score_file_sentences_and_ngrams(engine, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("w0 w1 w2\nw3 zzz\n")
+    out = tmp_path / "out.txt"
+    res = score_file(engine, str(text), str(out), per_word=True, progress=False)
+    rows = [line.split("\t") for line in out.read_text().splitlines()]
+    assert res["lines"] == 2 and res["tokens"] == 7 and res["unknown"] == 1
+    assert rows[1][1:3] == ["1", "3"]
+    per_word = [float(x) for x in rows[0][3].split()]
+    assert float(rows[0][0]) == pytest.approx(sum(per_word), abs=1e-5)
+    grams = tmp_path / "g.txt"
+    grams.write_text("<s> <s> <s> <s> <s> <s> w0\nw0\n")
+    score_file(engine, str(grams), str(out), ngrams=True, progress=False)
+    a, b = out.read_text().splitlines()
+    assert a == b and a.split("\t")[0] == f"{per_word[0]:.6f}"
+    grams.write_text("w0 w1 w2 w3 w4 w5 w6 w7\n")
+    with pytest.raises(InputError, match="g.txt:1"):
+        score_file(engine, str(grams), str(out), ngrams=True, progress=False)
+
+
+def test_perplexity_and_kenlm_side_by_side(engine, cslm_corpus, unigram_arpa, tmp_path):
+    head = tmp_path / "head.txt"
+    head.write_text("".join(cslm_corpus.read_text().splitlines(True)[:50]))
+    res = perplexity(engine, str(head), progress=False)
+    assert 1 < res["cslm_ppl"] < 60 and res["tokens"] > 50
+    pytest.importorskip("kenlm", reason="the KenLM comparison needs the optional kenlm package")
+    res = perplexity(engine, str(head), kenlm=str(unigram_arpa), progress=False)
+    assert res["kenlm_ppl"] > 1 and res["kenlm_order"] == 2
+
+
+def test_rescore_nbest_appends_a_feature_in_moses_format(engine, tmp_path):
+    nbest = tmp_path / "nbest.txt"
+    nbest.write_text(
+        "0 ||| w0 w1 w2 ||| LM0= -10.5 TM0= -1 -2 ||| -3.25\n"
+        "0 ||| w0 zzz ||| LM0= -11 TM0= -1 -3 ||| -4.5 ||| 0-0 1-1\n"
+    )
+    out = tmp_path / "out.nbest"
+    rescore_nbest(engine, str(nbest), str(out), progress=False)
+    lines = out.read_text().splitlines()
+    f = lines[0].split(" ||| ")
+    (lp, _), = engine.score_sentences([["w0", "w1", "w2"]])
+    assert f[2] == f"LM0= -10.5 TM0= -1 -2 CSLM0= {float(np.sum(lp, dtype=np.float64)):.6f} 0"
+    assert f[3] == "-3.25"
+    g = lines[1].split(" ||| ")
+    assert g[2].endswith(" 1") and g[4] == "0-0 1-1"
+    nbest.write_text("garbage line\n")
+    with pytest.raises(InputError, match="nbest.txt:1"):
+        rescore_nbest(engine, str(nbest), str(out), progress=False)
+
+
+def test_cli_train_eval_score(cslm_corpus, tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "cslm.cli", *a], capture_output=True, text=True)  # noqa: E731
+    model = tmp_path / "m"
+    r = run("train", str(cslm_corpus), "-o", str(model), "--preset", "tiny", "--vocab-size", "60",
+            "--max-epochs", "1", "--valid-fraction", "0.05", "--device", "cpu", "--quiet")
+    assert r.returncode == 0, r.stderr
+    r = run("eval", str(model), str(cslm_corpus), "--device", "cpu", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cslm_ppl"] > 1
+    r = run("score", str(model), str(tmp_path / "missing.txt"), "--quiet")
+    assert r.returncode != 0 and "missing.txt" in r.stderr
+
+
+def test_real_french_slice(shared_data, tmp_path):
+    """A few hundred real sentences, gzip input: trains, and beats the uniform distribution."""
+    src = shared_data / "en-fr-moses" / "train.tok.fr"
+    corpus = tmp_path / "fr.txt.gz"
+    with open(src, "rb") as f, gzip.open(corpus, "wb") as g:
+        g.writelines(itertools.islice(f, 600))
+    cfg = TrainConfig(preset="tiny", vocab_size=500, max_epochs=2, valid_fraction=0.05, batch_size=64, device="cpu")
+    res = train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
+    assert res["best_valid_ppl"] < 500
