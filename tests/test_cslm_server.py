@@ -1,0 +1,335 @@
+"""The CSLM server: same answers as the engine, concurrency, robustness to bad frames, SIGTERM, C++ client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cslm import protocol as P
+from cslm.client import AsyncClient, Client, ServerError
+from cslm.engine import Engine
+from cslm.server import Server, ServerConfig
+
+from test_cslm import cslm_corpus, cslm_model, engine  # noqa: F401 (shared session fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+CPP = ROOT / "cslm" / "cpp"
+
+
+class ServerThread:
+    """A server on an ephemeral port, running its own event loop in a background thread."""
+
+    def __init__(self, engine: Engine, **cfg):
+        self.srv = Server(engine, ServerConfig(port=0, **cfg))
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    def _run(self):
+        async def main():
+            self.port = await self.srv.start()
+            self.ready.set()
+            await self.srv.wait_closed()
+
+        self.loop.run_until_complete(main())
+
+    def stop(self):
+        self.loop.call_soon_threadsafe(self.srv.request_shutdown)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def server(engine):  # noqa: F811
+    s = ServerThread(engine, idle_timeout=30.0)
+    yield s
+    s.stop()
+
+
+def random_ngrams(engine, count, n, seed):  # noqa: F811
+    return np.random.default_rng(seed).integers(0, len(engine.vocab), size=(count, n)).astype(np.int32)
+
+
+def raw_connection(port, hello=True):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if hello:
+        sock.sendall(P.frame(P.HELLO, 1, P.encode_hello()))
+        read_frame(sock)
+    return sock
+
+
+def read_frame(sock):
+    """-> (type, request id, payload), or None once the server closed the connection."""
+    head = b""
+    while len(head) < P.HEADER_SIZE:
+        chunk = sock.recv(P.HEADER_SIZE - len(head))
+        if not chunk:
+            return None
+        head += chunk
+    length, type_, rid = P.parse_header(head)
+    body = b""
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return type_, rid, body
+
+
+def expect_error_and_close(sock, code):
+    reply = read_frame(sock)
+    assert reply is not None and reply[0] == P.ERROR, reply
+    assert P.decode_error(reply[2])[0] == code, P.decode_error(reply[2])
+    assert read_frame(sock) is None  # closed after the error
+    sock.close()
+
+
+def assert_alive(server, engine):  # noqa: F811
+    grams = random_ngrams(engine, 20, 7, seed=99)
+    with Client("127.0.0.1", server.port, timeout=10) as c:
+        logp, _ = c.score(grams)
+    assert np.array_equal(logp, engine.score_ids(grams)[0])
+
+
+# -- answers ------------------------------------------------------------------------
+def test_handshake_describes_the_model(server, engine):  # noqa: F811
+    with Client("127.0.0.1", server.port, expected_checksum=engine.vocab.checksum()) as c:
+        assert c.info["order"] == 7 and c.info["vocab_size"] == len(engine.vocab)
+        assert (c.info["bos_id"], c.info["eos_id"], c.info["unk_id"]) == (engine.bos_id, engine.eos_id, engine.unk_id)
+        assert c.info["mode"] == "unk" and c.info["version"] == P.VERSION
+        assert c.vocabulary() == engine.vocab.words
+        assert c.lookup(["w0", "not-a-word", "</s>"]).tolist() == engine.vocab.encode(["w0", "not-a-word", "</s>"])
+    with pytest.raises(ConnectionError, match="expected"):
+        Client("127.0.0.1", server.port, expected_checksum="00" * 32)
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_server_answers_equal_the_engine(server, engine, n):  # noqa: F811
+    grams = random_ngrams(engine, 3000, n, seed=n)
+    grams[:500, :-1] = grams[0, :-1]
+    with Client("127.0.0.1", server.port) as c:
+        logp, flags = c.score(grams)
+        want, want_flags = engine.score_ids(grams)
+        assert np.array_equal(logp, want) and np.array_equal(flags, want_flags)
+        text = [" ".join(engine.vocab.decode(g)) for g in grams[:200]]
+        tlp, tfl = c.score_text(text)
+        assert np.array_equal(tlp, want[:200]) and np.array_equal(tfl, want_flags[:200])
+
+
+def test_cache_hits_return_the_same_numbers(server, engine):  # noqa: F811
+    grams = random_ngrams(engine, 400, 7, seed=7)
+    with Client("127.0.0.1", server.port) as c:
+        before = c.stats()["cache"]["hits"]
+        first, _ = c.score(grams)
+        second, _ = c.score(grams)
+        stats = c.stats()
+    assert np.array_equal(first, second)
+    assert stats["cache"]["hits"] - before >= 400
+    assert stats["latency_ms"]["p50"] > 0 and stats["requests_by_type"]["score"] >= 2
+
+
+def test_concurrent_clients_get_their_own_answers(server, engine):  # noqa: F811
+    def worker(k):
+        with Client("127.0.0.1", server.port) as c:
+            for r in range(5):
+                grams = random_ngrams(engine, 50 + 13 * k, 7, seed=1000 * k + r)
+                logp, _ = c.score(grams)
+                assert np.array_equal(logp, engine.score_ids(grams)[0]), (k, r)
+        return k
+
+    with ThreadPoolExecutor(12) as pool:
+        assert sorted(pool.map(worker, range(12))) == list(range(12))
+
+
+def test_pipelined_requests_are_matched_by_id(server, engine):  # noqa: F811
+    batches = [random_ngrams(engine, 10 + i, 7, seed=500 + i) for i in range(40)]
+
+    async def go():
+        c = await AsyncClient.connect("127.0.0.1", server.port)
+        try:
+            return await asyncio.gather(*(c.score(b) for b in batches)), await c.stats()
+        finally:
+            await c.close()
+
+    results, stats = asyncio.run(go())
+    for b, (logp, _) in zip(batches, results):
+        assert np.array_equal(logp, engine.score_ids(b)[0])
+    assert stats["batch_ngrams"]["requests_per_batch"] >= 1
+
+
+# -- robustness ---------------------------------------------------------------------
+def test_oversized_frame_is_refused(engine):  # noqa: F811
+    s = ServerThread(engine, max_frame=1024)
+    try:
+        sock = raw_connection(s.port)
+        sock.sendall(P.HEADER.pack(1 << 30, P.SCORE, 0, 0, 5))
+        expect_error_and_close(sock, P.E_TOO_LARGE)
+        with Client("127.0.0.1", s.port) as c:
+            with pytest.raises(ServerError, match="exceeds"):
+                c.score(np.zeros((300, 7), np.int32))
+        assert_alive(s, engine)
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("name,hello,frame,code", [
+    ("no handshake", False, P.frame(P.SCORE, 2, P.encode_score(np.zeros((1, 7), np.int32))), P.E_NO_HANDSHAKE),
+    ("bad magic", False, P.frame(P.HELLO, 2, b"XXXX\x01\x00\x00\x00"), P.E_VERSION),
+    ("bad version", False, P.frame(P.HELLO, 2, b"CSLM\x09\x00\x00\x00"), P.E_VERSION),
+    ("unknown type", True, P.frame(0x42, 2, b""), P.E_UNKNOWN_TYPE),
+    ("short SCORE", True, P.frame(P.SCORE, 2, struct.pack("<II", 5, 7) + b"\0" * 12), P.E_MALFORMED),
+    ("n too large", True, P.frame(P.SCORE, 2, struct.pack("<II", 1, 8) + b"\0" * 32), P.E_BAD_REQUEST),
+    ("id out of range", True, P.frame(P.SCORE, 2, P.encode_score(np.full((1, 7), 10**6))), P.E_BAD_REQUEST),
+    ("bad UTF-8", True, P.frame(P.SCORE_TEXT, 2, struct.pack("<I", 1) + b"w0 \xff"), P.E_MALFORMED),
+    ("count mismatch", True, P.frame(P.LOOKUP, 2, struct.pack("<I", 3) + b"a\nb"), P.E_MALFORMED),
+    ("empty word", True, P.frame(P.SCORE_TEXT, 2, struct.pack("<I", 1) + b"w0  w1"), P.E_BAD_REQUEST),
+])
+def test_malformed_frames_get_an_error_and_a_close(server, engine, name, hello, frame, code):  # noqa: F811
+    sock = raw_connection(server.port, hello=hello)
+    sock.sendall(frame)
+    expect_error_and_close(sock, code)
+    assert_alive(server, engine)
+
+
+def test_truncated_frames_and_abrupt_disconnects(server, engine):  # noqa: F811
+    full = P.frame(P.SCORE, 3, P.encode_score(random_ngrams(engine, 2000, 7, seed=3)))
+    for cut in (5, P.HEADER_SIZE, P.HEADER_SIZE + 7, len(full) - 1, len(full)):
+        sock = raw_connection(server.port)
+        sock.sendall(full[:cut])
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST on close
+        sock.close()
+    assert_alive(server, engine)
+
+
+def test_idle_connections_time_out(engine):  # noqa: F811
+    s = ServerThread(engine, idle_timeout=0.3)
+    try:
+        sock = raw_connection(s.port)
+        t0 = time.monotonic()
+        assert read_frame(sock) is None
+        assert 0.2 < time.monotonic() - t0 < 5
+    finally:
+        s.stop()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(hello=st.booleans(), junk=st.one_of(
+    st.binary(max_size=64),
+    st.builds(lambda t, n, body: P.HEADER.pack(n, t, 0, 0, 9) + body,
+              st.integers(0, 255), st.integers(0, 4096), st.binary(max_size=80)),
+    st.builds(lambda c, n, ids: P.frame(P.SCORE, 4, struct.pack("<II", c, n) + ids),
+              st.integers(0, 2**32 - 1), st.integers(0, 9), st.binary(max_size=64)),
+), abrupt=st.booleans())
+def test_fuzzed_frames_never_take_the_server_down(server, engine, hello, junk, abrupt):  # noqa: F811
+    sock = raw_connection(server.port, hello=hello)
+    try:
+        sock.sendall(junk)
+        if abrupt:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(5)
+            while read_frame(sock) is not None:  # replies, maybe an error, then the close
+                pass
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    assert_alive(server, engine)
+
+
+# -- the real process: SIGTERM, the C++ client ------------------------------------------
+def start_server_process(model_dir, tmp_path, *extra):
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cslm.cli", "serve", str(model_dir), "--port", "0", "--port-file", str(port_file),
+         "--device", "cpu", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"server did not start: {proc.communicate()[1]}")
+        time.sleep(0.05)
+    return proc, int(port_file.read_text())
+
+
+def test_sigterm_drains_in_flight_requests(cslm_model, engine, tmp_path):  # noqa: F811
+    proc, port = start_server_process(cslm_model, tmp_path)
+    try:
+        grams = random_ngrams(engine, 20000, 7, seed=11)
+        sock = raw_connection(port)
+        sock.sendall(P.frame(P.SCORE, 77, P.encode_score(grams)))
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        reply = read_frame(sock)
+        assert reply is not None and reply[:2] == (P.SCORES, 77)
+        assert np.array_equal(P.decode_scores(reply[2])[0], engine.score_ids(grams)[0])
+        assert proc.wait(30) == 0
+        assert "server stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_score_through_the_server_prints_the_same(cslm_model, cslm_corpus, tmp_path):  # noqa: F811
+    proc, port = start_server_process(cslm_model, tmp_path)
+    try:
+        head = tmp_path / "head.txt"
+        head.write_text("".join(cslm_corpus.read_text().splitlines(True)[:40]) + "w0 never-seen w1\n")
+        run = lambda *a: subprocess.run([sys.executable, "-m", "cslm.cli", "score", *a, "--per-word", "--quiet"],  # noqa: E731
+                                        capture_output=True, text=True)
+        local = run(str(cslm_model), str(head), "--device", "cpu")
+        remote = run("--server", f"127.0.0.1:{port}", str(head))
+        assert local.returncode == 0 and remote.returncode == 0, local.stderr + remote.stderr
+        assert local.stdout == remote.stdout and len(local.stdout.splitlines()) == 41
+
+        # the C++ client: compiled with the system compiler, run against the live server
+        cxx = shutil.which("g++") or shutil.which("c++")
+        if cxx is None:
+            pytest.skip("no C++ compiler")
+        exe = tmp_path / "cslm_client_test"
+        subprocess.run([cxx, "-std=c++11", "-Wall", "-Wextra", "-Werror", "-O1", "-o", str(exe),
+                        str(CPP / "cslm_client.cc"), str(CPP / "cslm_client_test.cc")], check=True)
+        sentences = [line.split() for line in head.read_text().splitlines()[:10]]
+        r = subprocess.run([str(exe), "127.0.0.1", str(port)], input="\n".join(" ".join(s) for s in sentences) + "\n",
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.splitlines()
+        assert out[0].startswith("order 7 vocab 60 bos 1 eos 0 unk 2 mode 0 checksum ")
+        assert out[-1] == "ok"
+        eng = Engine.load(str(cslm_model), device="cpu")
+        want = [f"{lp:.6f} {fl}" for s in eng.score_sentences(sentences) for lp, fl in zip(*(a.tolist() for a in s))]
+        assert out[1:-1] == want
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_cpp_client_reports_connect_failure(tmp_path):
+    """The test program's last check (ConnectError on a closed port) runs even with no server; here we
+    only make sure the library compiles warning-free as C++11 on its own."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    obj = tmp_path / "cslm_client.o"
+    subprocess.run([cxx, "-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-c", "-o", str(obj),
+                    str(CPP / "cslm_client.cc")], check=True)
+    assert obj.stat().st_size > 0 and os.access(obj, os.R_OK)
