@@ -111,7 +111,7 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
     return {"lines": lines, "tokens": tokens, "unknown": unknown, "logprob": total}
 
 
-def perplexity(backend: Backend, path: str, kenlm: str | None = None, window: int = 2000,
+def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = None, window: int = 2000,
                progress: bool = True) -> dict:
     """Per-token perplexity (every word and </s>, natural log) of a tokenized text.
 
@@ -120,7 +120,7 @@ def perplexity(backend: Backend, path: str, kenlm: str | None = None, window: in
     With `kenlm`, the n-gram model is scored on the same tokens, in total and on
     the same in-shortlist tokens.
     """
-    lm = KenLMBackoff(kenlm) if kenlm else None
+    lm = KenLMBackoff(kenlm) if isinstance(kenlm, str) else kenlm
     c_all = c_in = k_all = k_in = 0.0
     n_all = n_in = n_unk = n_backoff = k_oov = sentences = 0
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:

@@ -1,0 +1,148 @@
+"""N-grams per second in process against through `cslm serve` with 1, 8 and 64 clients; small-request latency.
+
+    python benchmarks/bench_cslm_server.py MODEL_DIR TEXT [--clients 1 8 64] [--request 256]
+
+The n-grams are those of the sentences of TEXT (every word and </s>, history
+padded with <s>). In process: `Engine.score_ids` on batches of --max-batch
+n-grams. Through the server: a `cslm serve` child process (n-gram cache off,
+so every n-gram is computed) and C concurrent connections from this process,
+each with one request of --request n-grams in flight at a time, as a decoder
+thread would. Latency: one client sending requests of 1 and of 16 n-grams.
+Prints a JSON report (and writes it with --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from cslm.client import AsyncClient
+from cslm.engine import Engine
+from moses_rnn.textio import iter_lines
+
+
+def load_ngrams(engine: Engine, text: str, limit: int) -> np.ndarray:
+    rows, n = [], 0
+    for _, line in iter_lines(text):
+        g = engine.sentence_ngrams(line.split())
+        rows.append(g)
+        n += len(g)
+        if n >= limit:
+            break
+    return np.concatenate(rows)[:limit]
+
+
+def in_process(engine: Engine, grams: np.ndarray, batch: int) -> float:
+    engine.score_ids(grams[:batch])  # warm-up
+    t0 = time.perf_counter()
+    for i in range(0, len(grams), batch):
+        engine.score_ids(grams[i : i + batch])
+    return len(grams) / (time.perf_counter() - t0)
+
+
+async def through_server(port: int, grams: np.ndarray, clients: int, request: int) -> float:
+    conns = [await AsyncClient.connect("127.0.0.1", port) for _ in range(clients)]
+    chunks = [grams[i : i + request] for i in range(0, len(grams), request)]
+    await conns[0].score(chunks[0])  # warm-up
+
+    async def worker(k: int) -> None:
+        for c in chunks[k::clients]:
+            await conns[k].score(c)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(clients)))
+    rate = len(grams) / (time.perf_counter() - t0)
+    for c in conns:
+        await c.close()
+    return rate
+
+
+async def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
+    c = await AsyncClient.connect("127.0.0.1", port)
+    lat = []
+    for i in range(count):
+        g = grams[(i * size) % (len(grams) - size):][:size]
+        t0 = time.perf_counter()
+        await c.score(g)
+        lat.append(time.perf_counter() - t0)
+    await c.close()
+    ms = np.array(lat) * 1e3
+    return {f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)}
+
+
+def start_server(model_dir: str, device: str, threads: int | None, max_batch: int, max_delay_us: int):
+    folder = tempfile.mkdtemp(prefix="cslm-bench-")
+    port_file = os.path.join(folder, "port")
+    cmd = [sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file", port_file,
+           "--cache-size", "0", "--device", device, "--max-batch", str(max_batch), "--max-delay-us", str(max_delay_us)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    while not os.path.exists(port_file):
+        if proc.poll() is not None:
+            raise SystemExit("the server failed to start")
+        time.sleep(0.05)
+    with open(port_file) as f:
+        return proc, int(f.read())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model_dir")
+    ap.add_argument("text")
+    ap.add_argument("--ngrams", type=int, default=40000)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--request", type=int, default=256, help="n-grams per request")
+    ap.add_argument("--max-batch", type=int, default=8192)
+    ap.add_argument("--max-delay-us", type=int, default=200)
+    ap.add_argument("--latency-requests", type=int, default=300)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--json", help="also write the report here")
+    a = ap.parse_args()
+
+    import torch
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    engine = Engine.load(a.model_dir, device=a.device)
+    grams = load_ngrams(engine, a.text, a.ngrams)
+    report = {
+        "model": engine.model.config.to_dict(),
+        "device": a.device,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "ngrams": int(len(grams)),
+        "distinct_histories": int(len(np.unique(grams[:, :-1], axis=0))),
+        "request_ngrams": a.request,
+        "in_process_ngrams_per_s": round(in_process(engine, grams, a.max_batch)),
+    }
+    del engine
+    proc, port = start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us)
+    try:
+        for c in a.clients:
+            rate = asyncio.run(through_server(port, grams, c, a.request))
+            report[f"server_{c}_clients_ngrams_per_s"] = round(rate)
+            report[f"server_{c}_clients_vs_in_process"] = round(rate / report["in_process_ngrams_per_s"], 3)
+        for size in (1, 16):
+            report[f"latency_ms_{size}_ngrams"] = asyncio.run(latency(port, grams, size, a.latency_requests))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
