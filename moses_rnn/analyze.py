@@ -103,7 +103,7 @@ def table2(
     min_words: int = 4,
     per_group: int = 5,
     top: int = 3,
-    rare_max: float = 1,
+    rare_max: float = 2,
     min_targets: int = 2,
     seed: int = 1,
 ) -> Table2:
@@ -215,7 +215,7 @@ def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int =
     alpha = float(np.clip(2000 / len(x), 0.05, 0.8))
     ax.scatter(x, y, s=4, alpha=alpha, color="tab:blue", edgecolors="none", rasterized=True)
     ax.set_xlabel("translation model log p(target | source)")
-    ax.set_ylabel("RNN Encoder-Decoder log p(target | source)")
+    ax.set_ylabel("RNN log p(target | source)")
     drawn = f"{len(x):,} of {n:,} pairs" if len(x) < n else f"{n:,} pairs"
     ax.set_title(f"Phrase-pair scores ({drawn}), Pearson r = {pearson:.2f}", fontsize=10)
     ax.grid(alpha=0.3)

@@ -324,7 +324,7 @@ def _with_columns(fn):
 @click.option("--min-words", default=4, show_default=True, help="Shortest source phrase considered.")
 @click.option("--per-group", default=5, show_default=True, help="Source phrases per group (frequent, rare).")
 @click.option("--top", default=3, show_default=True, help="Targets listed per column.")
-@click.option("--rare-max", default=1.0, show_default=True, help="Largest count(source) that is 'rare'.")
+@click.option("--rare-max", default=2.0, show_default=True, help="Largest count(source) that is 'rare'.")
 @click.option("--min-targets", default=2, show_default=True, help="Skip sources with fewer targets.")
 @click.option("--seed", default=1, show_default=True, help="Seed of the random pick of rare phrases.")
 @_fail_cleanly
