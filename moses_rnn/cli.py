@@ -45,7 +45,7 @@ def main():
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
 @click.option("--arch", default="encdec", show_default=True, type=click.Choice(["encdec", "rnnsearch"]),
               help="RNN Encoder-Decoder (Cho et al., 2014) or RNNsearch with attention (Bahdanau et al., 2015).")
-@click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 2000].")
+@click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 256].")
 @click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")
 @click.option("--max-steps", default=20000, show_default=True, help="Stop after this many updates.")
 @click.option("--max-minutes", type=float, help="Stop after this much wall-clock time.")
@@ -78,7 +78,7 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_m
 @click.option("--unknown/--no-unknown", default=False, show_default=True,
               help="Also append the count of words outside the shortlists (word-penalty feature).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--threads", type=int, help="CPU threads [all cores].")
+@click.option("--threads", type=int, help="CPU threads [all cores; 1 for models smaller than `small`].")
 @click.option("--window", default=8192, show_default=True, help="Lines read and scored together.")
 @click.option("--token-budget", default=16384, show_default=True, help="Target symbols per batch.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -89,8 +89,8 @@ def score(table, model_dir, output, normalize, unknown, device, threads, window,
     from .train import resolve_device
 
     dev = resolve_device(device)
-    configure_threads(dev, threads)
     scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget)
+    configure_threads(dev, threads, scorer.model.config)
     output = output or default_output(table)
     if output != "-" and os.path.abspath(output) == os.path.abspath(table):
         raise click.ClickException("output would overwrite the input table")

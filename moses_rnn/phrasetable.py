@@ -88,16 +88,26 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
     scores = line[start:end].split()
     if not scores:
         raise InputError(path, lineno, "no scores in field 3")
+    try:
+        values = [float(s) for s in scores]
+        valid = all(0.0 < v < math.inf for v in values)  # also rejects nan
+    except ValueError:
+        valid = False
+    if not valid:
+        _raise_bad_score(scores, path, lineno)
+    if nscores is not None and len(scores) != nscores:
+        raise InputError(path, lineno, f"{len(scores)} scores, the first line has {nscores}")
+    return PhrasePair(lineno, line, source.strip(), target.strip(), start, end)
+
+
+def _raise_bad_score(scores: list[str], path: str, lineno: int) -> None:
     for s in scores:
         try:
             v = float(s)
         except ValueError:
             raise InputError(path, lineno, f"score {s!r} is not a number") from None
-        if not (v > 0.0) or math.isinf(v):
+        if not (0.0 < v < math.inf):
             raise InputError(path, lineno, f"score {s!r} is not a positive finite number (Moses takes its log)")
-    if nscores is not None and len(scores) != nscores:
-        raise InputError(path, lineno, f"{len(scores)} scores, the first line has {nscores}")
-    return PhrasePair(lineno, line, source.strip(), target.strip(), start, end)
 
 
 def read_phrase_table(path: str) -> Iterator[PhrasePair]:

@@ -24,7 +24,6 @@ import os
 import queue
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -39,6 +38,11 @@ from .train import resolve_device
 from .vocab import EOS
 
 
+def _as_tensor(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Equal-length id lists -> int64 tensor (numpy's list conversion is the fast one)."""
+    return torch.from_numpy(np.array(rows, dtype=np.int64)).to(device)
+
+
 class PhraseScorer:
     def __init__(self, loaded: LoadedModel, token_budget: int = 16384):
         self.model = loaded.model.eval()
@@ -46,16 +50,17 @@ class PhraseScorer:
         self.device = next(self.model.parameters()).device
         self.token_budget = token_budget
         self.eos = self.tgt_vocab.index[EOS]
+        self.distinct_sources = 0  # running count over all calls, for reports
 
     @classmethod
     def from_dir(cls, model_dir: str, device: str = "auto", **kw) -> "PhraseScorer":
         return cls(load_model(model_dir, resolve_device(device)), **kw)
 
-    def _batches(self, lengths: dict[int, list[int]]):
+    def _batches(self, lengths: np.ndarray):
         """(length, member indices) batches: one exact length each, under the token budget."""
-        for length in sorted(lengths):
-            members = lengths[length]
-            per_batch = max(1, self.token_budget // length)
+        for length in np.unique(lengths).tolist():
+            members = np.flatnonzero(lengths == length)
+            per_batch = max(1, self.token_budget // max(length, 1))
             for i in range(0, len(members), per_batch):
                 yield length, members[i : i + per_batch]
 
@@ -65,33 +70,31 @@ class PhraseScorer:
         if not pairs:
             return np.zeros(0)
         dev, model = self.device, self.model
-        # distinct sources, in first-seen order
+        # distinct phrases of each side, in first-seen order; pairs point at them
         src_index: dict[str, int] = {}
+        tgt_index: dict[str, int] = {}
         pair_src = np.fromiter((src_index.setdefault(s, len(src_index)) for s, _ in pairs), np.int64, len(pairs))
+        pair_tgt = np.fromiter((tgt_index.setdefault(t, len(tgt_index)) for _, t in pairs), np.int64, len(pairs))
+        self.distinct_sources += len(src_index)
         src_ids = [self.src_vocab.encode(s.split()) for s in src_index]
+        eos = [self.eos]
+        tgt_ids = [self.tgt_vocab.encode(t.split()) + eos for t in tgt_index]
 
-        by_len: dict[int, list[int]] = defaultdict(list)
-        for i, ids in enumerate(src_ids):
-            by_len[len(ids)].append(i)
+        # encode each distinct source once; `ctx` rows follow `order`
+        src_len = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
         contexts, order = [], []
-        for length, members in self._batches(by_len):
-            src = torch.tensor([src_ids[i] for i in members], dtype=torch.long, device=dev)
-            mask = torch.ones_like(src, dtype=torch.bool)
-            contexts.append(model.context(src, mask))
-            order.extend(members)
-        # rows of the stacked contexts are in `order`; map source index -> row
+        for length, members in self._batches(src_len):
+            src = _as_tensor([src_ids[i] for i in members.tolist()], dev)
+            contexts.append(model.context(src, torch.ones_like(src, dtype=torch.bool)))
+            order.append(members)
         row_of = np.empty(len(src_ids), dtype=np.int64)
-        row_of[np.asarray(order)] = np.arange(len(order))
+        row_of[np.concatenate(order)] = np.arange(len(src_ids))
         ctx = type(contexts[0]).cat(contexts)
 
-        eos = self.eos
-        tgt_ids = [self.tgt_vocab.encode(t.split()) + [eos] for _, t in pairs]
-        by_len = defaultdict(list)
-        for i, ids in enumerate(tgt_ids):
-            by_len[len(ids)].append(i)
+        tgt_len = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))[pair_tgt]
         out = np.empty(len(pairs), dtype=np.float64)
-        for length, members in self._batches(by_len):
-            tgt = torch.tensor([tgt_ids[i] for i in members], dtype=torch.long, device=dev)
+        for length, members in self._batches(tgt_len):
+            tgt = _as_tensor([tgt_ids[i] for i in pair_tgt[members].tolist()], dev)
             rows = torch.from_numpy(row_of[pair_src[members]]).to(dev)
             mask = torch.ones_like(tgt, dtype=torch.bool)
             out[members] = model.log_prob(ctx.select(rows), tgt, mask).double().cpu().numpy()
@@ -203,7 +206,7 @@ def score_table(
             stream.write("".join(p.with_scores(c) for p, c in zip(chunk, cols)).encode("utf-8"))
             written[0] += len(chunk)
 
-    lines, sources = 0, 0
+    lines, sources_before = 0, scorer.distinct_sources
     bar = tqdm(unit=" pairs", unit_scale=True, disable=not progress, dynamic_ncols=True, desc="scoring")
     with atomic_output(output) as stream:
         reader = pipe.spawn(read)
@@ -212,7 +215,6 @@ def score_table(
             while (chunk := pipe.get(parsed)) is not _DONE:
                 pairs = [(p.source, p.target) for p in chunk]
                 rows = format_rows(scorer.features(pairs, normalize=normalize, unknown=unknown))
-                sources += len({s for s, _ in pairs})
                 if not pipe.put(scored, (chunk, rows)):
                     break
                 lines += len(chunk)
@@ -228,12 +230,23 @@ def score_table(
             raise pipe.errors[0]
         if written[0] != lines:
             raise RuntimeError(f"{output}: wrote {written[0]} lines for {lines} input lines")
-    return ScoreStats(lines, time.perf_counter() - start, sources)
+    return ScoreStats(lines, time.perf_counter() - start, scorer.distinct_sources - sources_before)
 
 
-def configure_threads(device: torch.device, threads: int | None) -> None:
-    if device.type == "cpu":
-        torch.set_num_threads(threads or os.cpu_count() or 1)
+def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
+    """Set torch's intra-op threads for CPU scoring and return the number used.
+
+    Default: every core for models of the `small` preset's size and up. For
+    smaller models one op is too short to split, and idle intra-op threads
+    spin against the reader and writer threads, so one thread is faster.
+    """
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    if threads is None:
+        big = config is None or config.hidden >= 256
+        threads = (os.cpu_count() or 1) if big else 1
+    torch.set_num_threads(threads)
+    return threads
 
 
 __all__ = ["PhraseScorer", "ScoreStats", "score_table", "format_rows", "PhrasePair"]

@@ -1,0 +1,64 @@
+"""Helpers shared by the benchmarks: data slices, untrained models of a preset, timing."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from moses_rnn import modelio
+from moses_rnn.model import build_model, preset_config, PRESETS
+from moses_rnn.train import build_vocabularies
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+REAL_TABLE = SHARED / "en-fr-moses" / "phrase-table.gz"
+
+
+def table_slice(lines: int, folder: str, name: str | None = None) -> str:
+    """The first `lines` lines of the real phrase table, gzipped into `folder`."""
+    out = os.path.join(folder, name or f"slice{lines}.gz")
+    if not os.path.exists(out):
+        with gzip.open(REAL_TABLE, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
+            dst.writelines(itertools.islice(src, lines))
+    return out
+
+
+def untrained_model_dir(preset: str, vocab_table: str, folder: str) -> str:
+    """A model directory of `preset` sizes, shortlists from `vocab_table`, random weights.
+
+    Speed does not depend on the weights' values, so benchmarks need no training.
+    """
+    model_dir = os.path.join(folder, f"model-{preset}")
+    size = PRESETS[preset]["vocab"]
+    src_vocab, tgt_vocab = build_vocabularies(vocab_table, size, size)
+    modelio.save_vocabularies(model_dir, src_vocab, tgt_vocab)
+    torch.manual_seed(0)
+    model = build_model(preset_config(preset, len(src_vocab), len(tgt_vocab)))
+    model.init_weights()
+    modelio.save_model(model_dir, model, {"note": "untrained, for benchmarks"})
+    return model_dir
+
+
+def median_time(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def workdir() -> str:
+    return tempfile.mkdtemp(prefix="moses-rnn-bench-")
+
+
+def require_shared() -> None:
+    if not REAL_TABLE.exists():
+        raise SystemExit(f"benchmarks need ../shared/data beside the project ({REAL_TABLE} is missing)")
