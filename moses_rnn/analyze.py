@@ -20,6 +20,7 @@ Every picture is written atomically as PNG with matplotlib's Agg backend.
 from __future__ import annotations
 
 import heapq
+import html
 import math
 import random
 from dataclasses import dataclass, field
@@ -270,7 +271,8 @@ def labelled_map(points: np.ndarray, labels: Sequence[str], output: str, title: 
     for i, label in enumerate(labels):
         if len(placed) >= max_labels:
             break
-        text = ax.annotate(label, points[i], fontsize=fontsize, xytext=(2, 2), textcoords="offset points")
+        # Moses-escaped tokens (&apos; &quot; &#124; ...) are shown unescaped
+        text = ax.annotate(html.unescape(label), points[i], fontsize=fontsize, xytext=(2, 2), textcoords="offset points")
         box = text.get_window_extent(renderer).expanded(1.05, 1.15)
         inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
         if not inside or any(box.overlaps(b) for b in placed):
