@@ -40,12 +40,16 @@ def load_ngrams(engine: Engine, text: str, limit: int) -> np.ndarray:
     return np.concatenate(rows)[:limit]
 
 
-def in_process(engine: Engine, grams: np.ndarray, batch: int) -> float:
+def in_process(engine: Engine, grams: np.ndarray, batch: int, repeats: int = 3) -> float:
+    """Best of `repeats` passes (the engine's best case on a busy machine)."""
     engine.score_ids(grams[:batch])  # warm-up
-    t0 = time.perf_counter()
-    for i in range(0, len(grams), batch):
-        engine.score_ids(grams[i : i + batch])
-    return len(grams) / (time.perf_counter() - t0)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(0, len(grams), batch):
+            engine.score_ids(grams[i : i + batch])
+        best = max(best, len(grams) / (time.perf_counter() - t0))
+    return best
 
 
 async def through_server(port: int, grams: np.ndarray, clients: int, request: int) -> float:

@@ -5,8 +5,10 @@ every word and the closing `</s>` is predicted from its n-1 predecessors, the
 history padded with `<s>` at the sentence start. Blank lines are skipped.
 
 The corpus is read twice up front (shortlist counts, then held-out n-grams) and
-once per training pass; n-grams go through a bounded shuffle buffer, so memory
-does not grow with the corpus. The stream is a pure function of (seed, step):
+once per training pass; n-grams go through a bounded shuffle buffer (default
+2M n-grams, 56 MB), so memory does not grow with the corpus. A corpus made of
+domain blocks larger than the buffer is seen block by block within a pass:
+shuffle such a corpus's lines once beforehand (`shuf`). The stream is a pure function of (seed, step):
 pass p shuffles each buffer-full with a generator seeded by (seed, p, buffer#),
 so a resumed run replays exactly the batches the interrupted run would have seen.
 """
@@ -94,7 +96,7 @@ def _pass_ngrams(path: str, vocab: Vocabulary, heldout: set, order: int, chunk: 
 
 
 def stream_batches(path: str, vocab: Vocabulary, heldout_lines: np.ndarray, order: int, batch_size: int, seed: int,
-                   start_step: int = 0, buffer: int = 1 << 18) -> Iterator[np.ndarray]:
+                   start_step: int = 0, buffer: int = 1 << 21) -> Iterator[np.ndarray]:
     """Endless (batch_size, order) int32 training batches, passes one after another.
 
     Each pass yields floor(train n-grams / batch_size) batches (the remainder is
