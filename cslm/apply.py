@@ -1,6 +1,6 @@
 """Scoring text with a CSLM: sentence and n-gram files, perplexity, Moses n-best lists.
 
-Every function takes a `Backend`: the in-process `Engine`, or a `RemoteBackend`
+Every function takes a `Backend`: the in-process `cslm.engine.Engine`, or a `RemoteBackend`
 asking a running `cslm serve`. Both return bit-identical numbers on the CPU
 (see engine.py), which the tests check.
 """
@@ -8,7 +8,7 @@ asking a running `cslm serve`. Both return bit-identical numbers on the CPU
 from __future__ import annotations
 
 import math
-from typing import Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -16,7 +16,10 @@ from tqdm import tqdm
 from moses_rnn.textio import InputError, atomic_output, iter_lines
 from moses_rnn.vocab import BOS, EOS
 
-from .engine import BACKOFF, UNKNOWN, Engine, KenLMBackoff
+from .protocol import BACKOFF, UNKNOWN
+
+if TYPE_CHECKING:  # the engine (and torch) is only imported when scoring in process
+    from .engine import KenLMBackoff
 
 
 class Backend(Protocol):
@@ -120,7 +123,11 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
     With `kenlm`, the n-gram model is scored on the same tokens, in total and on
     the same in-shortlist tokens.
     """
-    lm = KenLMBackoff(kenlm) if isinstance(kenlm, str) else kenlm
+    if isinstance(kenlm, str):
+        from .engine import KenLMBackoff
+
+        kenlm = KenLMBackoff(kenlm)
+    lm = kenlm
     c_all = c_in = k_all = k_in = 0.0
     n_all = n_in = n_unk = n_backoff = k_oov = sentences = 0
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
@@ -190,4 +197,4 @@ def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM
     return {"hypotheses": count, "feature": feature}
 
 
-__all__ = ["Engine", "RemoteBackend", "score_file", "perplexity", "rescore_nbest"]
+__all__ = ["RemoteBackend", "score_file", "perplexity", "rescore_nbest"]

@@ -45,8 +45,8 @@ from moses_rnn.vocab import BOS, EOS, Vocabulary
 from . import modeldir
 from .data import sentence_ngrams
 from .model import CSLM
+from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
 
-UNKNOWN, BACKOFF = 1, 2
 LN10 = math.log(10.0)
 
 

@@ -7,8 +7,6 @@ import itertools
 import json
 import math
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -265,16 +263,20 @@ def test_rescore_nbest_appends_a_feature_in_moses_format(engine, tmp_path):
 
 
 def test_cli_train_eval_score(cslm_corpus, tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "cslm.cli", *a], capture_output=True, text=True)  # noqa: E731
+    from click.testing import CliRunner
+
+    from cslm.cli import main
+
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a])  # noqa: E731
     model = tmp_path / "m"
-    r = run("train", str(cslm_corpus), "-o", str(model), "--preset", "tiny", "--vocab-size", "60",
-            "--max-epochs", "1", "--valid-fraction", "0.05", "--device", "cpu", "--quiet")
-    assert r.returncode == 0, r.stderr
-    r = run("eval", str(model), str(cslm_corpus), "--device", "cpu", "--quiet")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["cslm_ppl"] > 1
-    r = run("score", str(model), str(tmp_path / "missing.txt"), "--quiet")
-    assert r.returncode != 0 and "missing.txt" in r.stderr
+    r = run("train", cslm_corpus, "-o", model, "--preset", "tiny", "--vocab-size", "60", "--max-epochs", "1",
+            "--valid-fraction", "0.05", "--device", "cpu", "--quiet")
+    assert r.exit_code == 0, r.output
+    r = run("eval", model, cslm_corpus, "--device", "cpu", "--quiet")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["cslm_ppl"] > 1
+    r = run("score", model, tmp_path / "missing.txt", "--quiet")
+    assert r.exit_code != 0 and "missing.txt" in r.output
 
 
 def test_real_french_slice(shared_data, tmp_path):
