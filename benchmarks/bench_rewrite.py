@@ -2,7 +2,8 @@
 
 Three timings of the same gzipped slice of the real phrase table, median of
 --repeats runs each, all in one run:
-  rewrite    `score_table` with the `tiny` preset (parse, validate, score, format, compress)
+  rewrite    `score_table` with the `tiny` preset (parse, validate, score, format,
+             compress), with the worker processes `moses-rnn score` would use
   isal       the same decompress/recompress library the rewrite uses, lines passed through
   gzip       `gzip -dc TABLE | gzip -c` (the system tools at their default level)
 Target: rewrite within 2x of decompress+recompress.
@@ -16,7 +17,7 @@ import os
 import subprocess
 
 from common import median_time, require_shared, table_slice, untrained_model_dir, workdir
-from moses_rnn.score import PhraseScorer, configure_threads, score_table
+from moses_rnn.score import PhraseScorer, configure_threads, default_workers, score_table
 from moses_rnn.textio import atomic_output, open_input
 from moses_rnn.train import resolve_device
 
@@ -32,10 +33,11 @@ def main():
     model_dir = untrained_model_dir("tiny", table, tmp)
     scorer = PhraseScorer.from_dir(model_dir, device="cpu")
     threads = configure_threads(resolve_device("cpu"), None, scorer.model.config)
+    workers = default_workers(resolve_device("cpu"), scorer.model.config, table)
     out = os.path.join(tmp, "out.gz")
 
     def rewrite():
-        score_table(scorer, table, out, progress=False)
+        score_table(scorer, table, out, workers=workers, progress=False)
 
     def passthrough():
         with open_input(table) as src, atomic_output(out) as dst:
@@ -52,6 +54,7 @@ def main():
     print(json.dumps({
         "lines": args.lines,
         "torch_threads": threads,
+        "workers": workers,
         "rewrite_s": round(t_rewrite, 2),
         "rewrite_lines_per_s": round(args.lines / t_rewrite),
         "isal_passthrough_s": round(t_isal, 2),

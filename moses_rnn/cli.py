@@ -79,13 +79,15 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_m
               help="Also append the count of words outside the shortlists (word-penalty feature).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("--threads", type=int, help="CPU threads [all cores; 1 for models smaller than `small`].")
+@click.option("--workers", type=int,
+              help="Scoring processes [all cores for models smaller than `small` on CPU and tables over 8 MB; else 1].")
 @click.option("--window", default=8192, show_default=True, help="Lines read and scored together.")
 @click.option("--token-budget", default=16384, show_default=True, help="Target symbols per batch.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_fail_cleanly
-def score(table, model_dir, output, normalize, unknown, device, threads, window, token_budget, quiet):
+def score(table, model_dir, output, normalize, unknown, device, threads, workers, window, token_budget, quiet):
     """Append log p(target | source) (as e^value, see README) to every line of TABLE."""
-    from .score import PhraseScorer, configure_threads, score_table
+    from .score import PhraseScorer, configure_threads, default_workers, score_table
     from .train import resolve_device
 
     dev = resolve_device(device)
@@ -94,10 +96,12 @@ def score(table, model_dir, output, normalize, unknown, device, threads, window,
     output = output or default_output(table)
     if output != "-" and os.path.abspath(output) == os.path.abspath(table):
         raise click.ClickException("output would overwrite the input table")
+    if workers is None:
+        workers = default_workers(dev, scorer.model.config, table)
     stats = score_table(scorer, table, output, normalize=normalize, unknown=unknown, window=window,
-                        progress=not quiet)
-    click.echo(f"{stats.lines} lines, {stats.distinct_sources} source groups, "
-               f"{stats.pairs_per_second:.0f} pairs/s on {dev} -> {output}", err=True)
+                        workers=workers, progress=not quiet)
+    click.echo(f"{stats.lines} lines, {stats.distinct_sources} source groups, {stats.pairs_per_second:.0f} pairs/s "
+               f"on {dev} ({stats.workers} process{'es' if stats.workers > 1 else ''}) -> {output}", err=True)
 
 
 @main.group()

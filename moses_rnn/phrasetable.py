@@ -125,18 +125,6 @@ def read_phrase_table(path: str) -> Iterator[PhrasePair]:
         yield pair
 
 
-def read_chunks(path: str, size: int) -> Iterator[list[PhrasePair]]:
-    """Stream the table as lists of at most `size` consecutive pairs."""
-    chunk: list[PhrasePair] = []
-    for pair in read_phrase_table(path):
-        chunk.append(pair)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def moses_value(log_value: float) -> float:
     """The number to write so that Moses's ln() gives back `log_value` (floored at -100)."""
     return math.exp(max(log_value, LOG_FLOOR))

@@ -13,17 +13,19 @@ symbol). It is fast by construction:
 No computation mixes rows, so a pair's score does not depend on what else is
 in its batch (up to float rounding, far below 1e-4).
 
-`score_table` streams a table through the scorer: a reader thread parses
-windows of lines, the main thread scores them, a writer thread formats and
-compresses them, in input order, into a temporary file renamed at the end.
+`score_table` streams a table through the scorer in windows of lines,
+scored in this process or by a pool of worker processes, and writes them in
+input order into a temporary file renamed at the end.
 """
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
 import os
-import queue
-import threading
 import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -32,8 +34,8 @@ import torch
 from tqdm import tqdm
 
 from .modelio import LoadedModel, load_model
-from .phrasetable import LOG_FLOOR, PhrasePair, read_chunks
-from .textio import atomic_output
+from .phrasetable import LOG_FLOOR, parse_line
+from .textio import atomic_output, decode_line, iter_raw_windows
 from .train import resolve_device
 from .vocab import EOS
 
@@ -44,7 +46,8 @@ def _as_tensor(rows: list[list[int]], device: torch.device) -> torch.Tensor:
 
 
 class PhraseScorer:
-    def __init__(self, loaded: LoadedModel, token_budget: int = 16384):
+    def __init__(self, loaded: LoadedModel, token_budget: int = 16384, model_dir: str | None = None):
+        self.model_dir = model_dir  # lets worker processes load the same model
         self.model = loaded.model.eval()
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
         self.device = next(self.model.parameters()).device
@@ -54,7 +57,7 @@ class PhraseScorer:
 
     @classmethod
     def from_dir(cls, model_dir: str, device: str = "auto", **kw) -> "PhraseScorer":
-        return cls(load_model(model_dir, resolve_device(device)), **kw)
+        return cls(load_model(model_dir, resolve_device(device)), model_dir=model_dir, **kw)
 
     def _batches(self, lengths: np.ndarray):
         """(length, member indices) batches: one exact length each, under the token budget."""
@@ -129,50 +132,79 @@ class ScoreStats:
     lines: int
     seconds: float
     distinct_sources: int
+    workers: int = 1
 
     @property
     def pairs_per_second(self) -> float:
         return self.lines / max(self.seconds, 1e-9)
 
 
-_DONE = object()
+@dataclass(frozen=True)
+class TableJob:
+    """What scoring one window of a table needs besides its lines."""
+
+    path: str  # for error messages
+    nscores: int  # every line must have the first line's number of scores
+    normalize: bool = False
+    unknown: bool = False
 
 
-class _Pipeline:
-    """Bounded queues between threads; any thread's failure stops them all."""
+def rescore_lines(scorer: PhraseScorer, job: TableJob, first_lineno: int, raw: list[bytes]) -> tuple[bytes, int, int]:
+    """Parse, validate and score a window of raw table lines.
 
-    def __init__(self):
-        self.stop = threading.Event()
-        self.errors: list[BaseException] = []
+    Returns the rewritten lines (columns appended to field 3, all else kept),
+    the number of lines and the number of distinct source phrases.
+    """
+    pairs = [
+        parse_line(decode_line(r, job.path, first_lineno + i), job.path, first_lineno + i, job.nscores)
+        for i, r in enumerate(raw)
+    ]
+    before = scorer.distinct_sources
+    rows = format_rows(scorer.features([(p.source, p.target) for p in pairs], job.normalize, job.unknown))
+    text = "".join(p.with_scores(r) for p, r in zip(pairs, rows))
+    return text.encode("utf-8"), len(pairs), scorer.distinct_sources - before
 
-    def spawn(self, target, *args) -> threading.Thread:
-        def run():
-            try:
-                target(*args)
-            except BaseException as e:  # re-raised by the main thread
-                self.errors.append(e)
-                self.stop.set()
 
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        return t
+# -- worker processes ---------------------------------------------------------
+_WORKER: tuple[PhraseScorer, TableJob] | None = None
 
-    def put(self, q: queue.Queue, item) -> bool:
-        while not self.stop.is_set():
-            try:
-                q.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                pass
-        return False
 
-    def get(self, q: queue.Queue):
-        while not self.stop.is_set():
-            try:
-                return q.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        return _DONE
+def _init_worker(model_dir: str, token_budget: int, job: TableJob) -> None:
+    global _WORKER
+    torch.set_num_threads(1)
+    _WORKER = (PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget), job)
+
+
+def _run_worker(first_lineno: int, raw: list[bytes]) -> tuple[bytes, int, int]:
+    scorer, job = _WORKER
+    return rescore_lines(scorer, job, first_lineno, raw)
+
+
+def _in_order(pool: ProcessPoolExecutor, windows, depth: int):
+    """Submit windows to the pool, at most `depth` in flight; yield results in input order."""
+    pending: deque = deque()
+    for first, raw in windows:
+        pending.append(pool.submit(_run_worker, first, raw))
+        if len(pending) >= depth:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
+def default_workers(device: torch.device, config, table: str) -> int:
+    """Worker processes for `score_table`.
+
+    On CPU, models smaller than the `small` preset spend most of their time
+    in Python (parsing, formatting), which one process cannot spread over
+    cores; there each core gets a process with one torch thread, once the
+    table is large enough (> 8 MB on disk) to repay their start-up (~2 s).
+    Larger models and GPUs use one process (torch's own threads or the GPU).
+    """
+    if device.type != "cpu" or config.hidden >= 256 or (os.cpu_count() or 1) < 2:
+        return 1
+    if table != "-" and os.path.getsize(table) < 8 << 20:
+        return 1
+    return os.cpu_count() or 1
 
 
 def score_table(
@@ -182,55 +214,63 @@ def score_table(
     normalize: bool = False,
     unknown: bool = False,
     window: int = 8192,
+    workers: int = 1,
     progress: bool = True,
 ) -> ScoreStats:
     """Append the model's columns to every line of `table`, writing `output` atomically.
 
-    Memory is bounded by a few windows of `window` lines, whatever the table's size.
+    The table is read in windows of `window` lines; each window is parsed,
+    scored and formatted either in this process (`workers` = 1; torch uses
+    its own threads or the GPU) or by a pool of `workers` processes, each
+    loading the model from `scorer.model_dir`. Results are written in input
+    order; memory is bounded by a few windows per worker, whatever the size
+    of the table. Gzip decompression and compression run in their own threads.
     """
     start = time.perf_counter()
-    pipe = _Pipeline()
-    parsed: queue.Queue = queue.Queue(maxsize=2)
-    scored: queue.Queue = queue.Queue(maxsize=2)
-    written = [0]
+    windows = iter_raw_windows(table, window)
+    head = next(windows, None)
+    nscores = 0
+    if head is not None:
+        nscores = len(parse_line(decode_line(head[1][0], table, 1), table, 1).scores)
+        windows = itertools.chain([head], windows)
+    job = TableJob(table, nscores, normalize, unknown)
+    if workers > 1 and scorer.model_dir is None:
+        raise ValueError("worker processes need a scorer loaded with PhraseScorer.from_dir")
 
-    def read():
-        for chunk in read_chunks(table, window):
-            if not pipe.put(parsed, chunk):
-                return
-        pipe.put(parsed, _DONE)
+    read = written = sources = 0
 
-    def write(stream):
-        while (item := pipe.get(scored)) is not _DONE:
-            chunk, cols = item
-            stream.write("".join(p.with_scores(c) for p, c in zip(chunk, cols)).encode("utf-8"))
-            written[0] += len(chunk)
+    def counted(it):
+        nonlocal read
+        for first, raw in it:
+            read += len(raw)
+            yield first, raw
 
-    lines, sources_before = 0, scorer.distinct_sources
     bar = tqdm(unit=" pairs", unit_scale=True, disable=not progress, dynamic_ncols=True, desc="scoring")
-    with atomic_output(output) as stream:
-        reader = pipe.spawn(read)
-        writer = pipe.spawn(write, stream)
-        try:
-            while (chunk := pipe.get(parsed)) is not _DONE:
-                pairs = [(p.source, p.target) for p in chunk]
-                rows = format_rows(scorer.features(pairs, normalize=normalize, unknown=unknown))
-                if not pipe.put(scored, (chunk, rows)):
-                    break
-                lines += len(chunk)
-                bar.update(len(chunk))
-            pipe.put(scored, _DONE)
-            writer.join()
-        finally:
-            pipe.stop.set()
-            writer.join()
-            reader.join()
-            bar.close()
-        if pipe.errors:
-            raise pipe.errors[0]
-        if written[0] != lines:
-            raise RuntimeError(f"{output}: wrote {written[0]} lines for {lines} input lines")
-    return ScoreStats(lines, time.perf_counter() - start, scorer.distinct_sources - sources_before)
+    pool = None
+    try:
+        with atomic_output(output) as stream:
+            if workers > 1:
+                pool = ProcessPoolExecutor(
+                    workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker,
+                    initargs=(scorer.model_dir, scorer.token_budget, job),
+                )
+                results = _in_order(pool, counted(windows), depth=2 * workers)
+            else:
+                results = (rescore_lines(scorer, job, f, raw) for f, raw in counted(windows))
+            for text, n, distinct in results:
+                stream.write(text)
+                written += n
+                sources += distinct
+                bar.update(n)
+            if written != read:
+                raise RuntimeError(f"{output}: wrote {written} lines for {read} input lines")
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return ScoreStats(written, time.perf_counter() - start, sources, workers)
 
 
 def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
@@ -238,7 +278,7 @@ def configure_threads(device: torch.device, threads: int | None = None, config=N
 
     Default: every core for models of the `small` preset's size and up. For
     smaller models one op is too short to split, and idle intra-op threads
-    spin against the reader and writer threads, so one thread is faster.
+    spin against the gzip threads and other processes: one thread is faster.
     """
     if device.type != "cpu":
         return torch.get_num_threads()
@@ -249,4 +289,4 @@ def configure_threads(device: torch.device, threads: int | None = None, config=N
     return threads
 
 
-__all__ = ["PhraseScorer", "ScoreStats", "score_table", "format_rows", "PhrasePair"]
+__all__ = ["PhraseScorer", "ScoreStats", "TableJob", "score_table", "rescore_lines", "format_rows", "default_workers"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import os
 import sys
 import tempfile
@@ -49,6 +50,14 @@ def open_text(path: str) -> io.TextIOWrapper:
     return io.TextIOWrapper(open_input(path), encoding="utf-8", errors="strict", newline="")
 
 
+def decode_line(raw: bytes, path: str, lineno: int) -> str:
+    """UTF-8 decode one line, naming the file and line when it is not valid UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(path, lineno, f"invalid UTF-8 ({e.reason} at byte {e.start})") from None
+
+
 def iter_lines(path: str, keepends: bool = False) -> Iterator[tuple[int, str]]:
     """Yield (line number, decoded line) from a plain or gzip UTF-8 text file.
 
@@ -57,11 +66,17 @@ def iter_lines(path: str, keepends: bool = False) -> Iterator[tuple[int, str]]:
     """
     with contextlib.closing(open_input(path)) as f:
         for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(path, lineno, f"invalid UTF-8 ({e.reason} at byte {e.start})") from None
+            line = decode_line(raw, path, lineno)
             yield lineno, (line if keepends else line.rstrip("\r\n"))
+
+
+def iter_raw_windows(path: str, size: int) -> Iterator[tuple[int, list[bytes]]]:
+    """Yield (number of the first line, up to `size` raw lines, endings kept)."""
+    with contextlib.closing(open_input(path)) as f:
+        first = 1
+        while lines := list(itertools.islice(f, size)):
+            yield first, lines
+            first += len(lines)
 
 
 class InputError(ValueError):
@@ -70,6 +85,9 @@ class InputError(ValueError):
     def __init__(self, path: str, lineno: int, message: str):
         self.path, self.lineno, self.message = path, lineno, message
         super().__init__(f"{path}:{lineno}: {message}")
+
+    def __reduce__(self):  # survives the trip back from a worker process
+        return (type(self), (self.path, self.lineno, self.message))
 
 
 def default_threads() -> int:

@@ -111,3 +111,25 @@ def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny
     assert p.returncode == 143, p.stderr
     assert gzip.decompress(out.read_bytes()) == b"previous\n"
     assert sorted(x.name for x in tmp_path.iterdir()) == ["out.gz"]
+
+
+def test_worker_processes_write_the_same_table(tmp_path, real_table_slice, tiny_model):
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    inline, pooled = tmp_path / "inline.gz", tmp_path / "pooled.gz"
+    a = score_table(scorer, str(real_table_slice), str(inline), unknown=True, window=400, progress=False)
+    b = score_table(scorer, str(real_table_slice), str(pooled), unknown=True, window=400, workers=2, progress=False)
+    assert a.lines == b.lines == 3000 and b.workers == 2
+    assert read_lines(inline) == read_lines(pooled)
+
+
+def test_worker_error_names_line_and_leaves_nothing(tmp_path, real_table_slice, tiny_model):
+    lines = read_lines(real_table_slice)
+    lines[2345] = lines[2345].replace(" ||| ", " |||  ||| ", 1)  # empty target
+    bad = tmp_path / "bad.txt"
+    bad.write_text("".join(lines), encoding="utf-8")
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    from moses_rnn.textio import InputError
+
+    with pytest.raises(InputError, match=r"bad.txt:2346: empty target phrase"):
+        score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=300, workers=2, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
