@@ -73,10 +73,10 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
     j = line.find(SEP, i + 5, body_end) if i >= 0 else -1
     if j < 0:
         raise InputError(path, lineno, f"expected at least 3 fields separated by '|||', got {line[:body_end][:200]!r}")
-    source, target = line[:i], line[i + 5 : j]
-    if not source.strip():
+    source, target = line[:i].strip(), line[i + 5 : j].strip()
+    if not source:
         raise InputError(path, lineno, "empty source phrase")
-    if not target.strip():
+    if not target:
         raise InputError(path, lineno, "empty target phrase")
     start = j + 5
     end = line.find(" |||", start, body_end)
@@ -90,14 +90,14 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
         raise InputError(path, lineno, "no scores in field 3")
     try:
         values = [float(s) for s in scores]
-        valid = all(0.0 < v < math.inf for v in values)  # also rejects nan
+        valid = min(values) > 0.0 and sum(values) < math.inf  # the sum is nan or inf if any value is
     except ValueError:
         valid = False
     if not valid:
         _raise_bad_score(scores, path, lineno)
     if nscores is not None and len(scores) != nscores:
         raise InputError(path, lineno, f"{len(scores)} scores, the first line has {nscores}")
-    return PhrasePair(lineno, line, source.strip(), target.strip(), start, end)
+    return PhrasePair(lineno, line, source, target, start, end)
 
 
 def _raise_bad_score(scores: list[str], path: str, lineno: int) -> None:
@@ -108,6 +108,7 @@ def _raise_bad_score(scores: list[str], path: str, lineno: int) -> None:
             raise InputError(path, lineno, f"score {s!r} is not a number") from None
         if not (0.0 < v < math.inf):
             raise InputError(path, lineno, f"score {s!r} is not a positive finite number (Moses takes its log)")
+    raise InputError(path, lineno, "scores overflow a float when added")
 
 
 def read_phrase_table(path: str) -> Iterator[PhrasePair]:

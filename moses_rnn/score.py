@@ -54,6 +54,16 @@ class PhraseScorer:
         self.token_budget = token_budget
         self.eos = self.tgt_vocab.index[EOS]
         self.distinct_sources = 0  # running count over all calls, for reports
+        self._tgt_cache: dict[str, list[int]] = {}  # frequent targets recur across windows
+
+    def _target_ids(self, target: str) -> list[int]:
+        """Target word ids followed by </s>, through a bounded cache."""
+        ids = self._tgt_cache.get(target)
+        if ids is None:
+            if len(self._tgt_cache) >= 100_000:
+                self._tgt_cache.clear()
+            ids = self._tgt_cache[target] = self.tgt_vocab.encode(target.split()) + [self.eos]
+        return ids
 
     @classmethod
     def from_dir(cls, model_dir: str, device: str = "auto", **kw) -> "PhraseScorer":
@@ -80,8 +90,7 @@ class PhraseScorer:
         pair_tgt = np.fromiter((tgt_index.setdefault(t, len(tgt_index)) for _, t in pairs), np.int64, len(pairs))
         self.distinct_sources += len(src_index)
         src_ids = [self.src_vocab.encode(s.split()) for s in src_index]
-        eos = [self.eos]
-        tgt_ids = [self.tgt_vocab.encode(t.split()) + eos for t in tgt_index]
+        tgt_ids = [self._target_ids(t) for t in tgt_index]
 
         # encode each distinct source once; `ctx` rows follow `order`
         src_len = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
