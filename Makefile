@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: install
-	$(BIN)/moses-rnn train $(EXAMPLE) -o demo/model --preset tiny --max-steps 600 --eval-every 200 --valid-pairs 40
+	$(BIN)/moses-rnn train $(EXAMPLE) -o demo/model --preset tiny --max-steps 500 --eval-every 250 --valid-pairs 40
 	$(BIN)/moses-rnn score $(EXAMPLE) -m demo/model -o demo/example.rnn.gz --unknown
 	@echo "scored table: demo/example.rnn.gz"; gzip -dc demo/example.rnn.gz | head -n 3
 

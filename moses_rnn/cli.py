@@ -55,17 +55,19 @@ def main():
 @click.option("--clip", default=1.0, show_default=True, help="Gradient-norm clipping threshold.")
 @click.option("--seed", default=1, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
+@click.option("--threads", type=int, help="CPU threads [all cores; 1 for models smaller than `small`].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_fail_cleanly
 def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_minutes, batch_size, valid_pairs,
-          eval_every, clip, seed, device, resume, quiet):
+          eval_every, clip, seed, device, threads, resume, quiet):
     """Train on the unique phrase pairs of a Moses phrase table TABLE."""
     from .train import TrainConfig, train as run_train
 
     cfg = TrainConfig(preset=preset, src_vocab=src_vocab, tgt_vocab=tgt_vocab, batch_size=batch_size,
                       max_steps=max_steps, max_minutes=max_minutes, clip=clip, seed=seed,
-                      valid_pairs=valid_pairs, eval_every=eval_every, device=device, arch=arch)
+                      valid_pairs=valid_pairs, eval_every=eval_every, device=device, threads=threads,
+                      arch=arch)
     summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet)
     click.echo(json.dumps(summary, indent=2), err=True)
 

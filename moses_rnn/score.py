@@ -36,7 +36,7 @@ from tqdm import tqdm
 from .modelio import LoadedModel, load_model
 from .phrasetable import LOG_FLOOR, parse_line
 from .textio import atomic_output, decode_line, iter_raw_windows
-from .train import resolve_device
+from .train import configure_threads, resolve_device  # noqa: F401  (configure_threads re-exported)
 from .vocab import EOS
 
 
@@ -280,22 +280,6 @@ def score_table(
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     return ScoreStats(written, time.perf_counter() - start, sources, workers)
-
-
-def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
-    """Set torch's intra-op threads for CPU scoring and return the number used.
-
-    Default: every core for models of the `small` preset's size and up. For
-    smaller models one op is too short to split, and idle intra-op threads
-    spin against the gzip threads and other processes: one thread is faster.
-    """
-    if device.type != "cpu":
-        return torch.get_num_threads()
-    if threads is None:
-        big = config is None or config.hidden >= 256
-        threads = (os.cpu_count() or 1) if big else 1
-    torch.set_num_threads(threads)
-    return threads
 
 
 __all__ = ["PhraseScorer", "ScoreStats", "TableJob", "score_table", "rescore_lines", "format_rows", "default_workers"]

@@ -45,6 +45,7 @@ class TrainConfig:
     valid_pairs: int = 1000
     eval_every: int = 500
     device: str = "auto"
+    threads: int | None = None  # CPU threads; default by model size (configure_threads)
     arch: str = "encdec"  # "encdec" (Cho et al., 2014) or "rnnsearch" (Bahdanau et al., 2015)
 
 
@@ -55,6 +56,22 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
     return dev
+
+
+def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
+    """Set torch's intra-op threads for CPU work and return the number used.
+
+    Default: every core for models of the `small` preset's size and up. For
+    smaller models one op is too short to split, and idle intra-op threads
+    spin against the gzip threads and other processes: one thread is faster.
+    """
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    if threads is None:
+        big = config is None or config.hidden >= 256
+        threads = (os.cpu_count() or 1) if big else 1
+    torch.set_num_threads(threads)
+    return threads
 
 
 class PairCorpus:
@@ -150,7 +167,8 @@ def train(table: str, model_dir: str, cfg: TrainConfig, resume: bool = False, pr
     if resume:
         state = modelio.load_checkpoint(model_dir)
         saved = TrainConfig(**state["train_config"])
-        saved.max_steps, saved.max_minutes, saved.device = cfg.max_steps, cfg.max_minutes, cfg.device
+        saved.max_steps, saved.max_minutes = cfg.max_steps, cfg.max_minutes
+        saved.device, saved.threads = cfg.device, cfg.threads
         cfg = saved
         model_cfg, _ = modelio.read_config(model_dir)
         src_vocab = Vocabulary.load(os.path.join(model_dir, modelio.SRC_VOCAB))
@@ -171,6 +189,7 @@ def train(table: str, model_dir: str, cfg: TrainConfig, resume: bool = False, pr
         raise ValueError(f"{table}: needs at least 2 distinct phrase pairs to train, has {len(corpus)}")
     train_idx, valid_idx = split_indices(len(corpus), cfg.valid_pairs, cfg.seed)
 
+    configure_threads(device, cfg.threads, model_cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(model_cfg)
     model.init_weights()
