@@ -15,6 +15,7 @@ def small_model(seed=0):
     return m.eval()
 
 
+@torch.no_grad()
 def reference_log_prob(m, x, y):
     """Eqs. 5-8 and Appendix A of Cho et al. (2014), one word at a time."""
     e, d, H = m.encoder, m.decoder, m.config.hidden
