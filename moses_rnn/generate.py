@@ -6,8 +6,7 @@ Both work on any architecture through one step interface:
     logits, state = step(ctx, state, e_prev)        # p(y_t | y_<t, x) and the next state
 
 where `e_prev` is the embedding of the previous word (zeros before the first
-word, as in training). `stepper(model)` gives that interface for a model:
-RNNsearch has it natively, the encoder-decoder gets a small adapter.
+word, as in training). Both `EncoderDecoder` and `RNNsearch` offer it.
 
 Every source phrase of a call is decoded together in one batch (padded,
 masked), so a file of phrases costs a few large matrix products per step.
@@ -31,25 +30,6 @@ import torch
 
 from .modelio import LoadedModel
 from .vocab import EOS
-
-
-class _EncDecStepper:
-    """The step interface for the encoder-decoder (Cho et al., 2014, Appendix A.1.2)."""
-
-    def __init__(self, model):
-        self.model, self.decoder = model, model.decoder
-
-    def start_state(self, ctx):
-        return ctx.h0  # h'_0 = tanh(V' c)
-
-    def step(self, ctx, h, e_prev):
-        d = self.decoder
-        h = d.step(d.W(e_prev), h, ctx.Cc)  # h'_t from e(y_{t-1}), h'_{t-1}, c
-        return d.logits(d.readout(h, e_prev, ctx.Oc)), h
-
-
-def stepper(model):
-    return model if hasattr(model, "step") and hasattr(model, "start_state") else _EncDecStepper(model)
 
 
 @dataclass
@@ -76,7 +56,7 @@ class Generator:
         self.device = next(self.model.parameters()).device
         self.eos = self.tgt_vocab.index[EOS]
         self.unk = self.tgt_vocab.unk_id
-        self.stepper = stepper(self.model)
+        self.stepper = self.model  # start_state / step, as both architectures offer
         self.embed = self.model.decoder.embed
 
     def _encode(self, sources: Sequence[str]):

@@ -223,6 +223,15 @@ class EncoderDecoder(nn.Module):
     def context(self, src: torch.Tensor, src_mask: torch.Tensor) -> DecoderContext:
         return self.decoder.context(self.encoder(src, src_mask))
 
+    def start_state(self, ctx: DecoderContext) -> torch.Tensor:
+        return ctx.h0  # h'_0 = tanh(V' c)
+
+    def step(self, ctx: DecoderContext, h: torch.Tensor, e_prev: torch.Tensor):
+        """One decoding step: (logits of y_t, h'_t) from h'_{t-1} and e(y_{t-1}) (zeros for t = 1)."""
+        d = self.decoder
+        h = d.step(d.W(e_prev), h, ctx.Cc)
+        return d.logits(d.readout(h, e_prev, ctx.Oc)), h
+
     def log_prob(self, ctx: DecoderContext, tgt: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
         """Sum of log p(y_t | y_<t, c) over the masked positions of each row: [B].
 

@@ -133,3 +133,26 @@ def test_worker_error_names_line_and_leaves_nothing(tmp_path, real_table_slice, 
     with pytest.raises(InputError, match=r"bad.txt:2346: empty target phrase"):
         score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=300, workers=2, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
+
+
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+def test_prefix_tree_equals_teacher_forcing(tmp_path, example_table, real_table_slice, arch):
+    """The scorer's shared-prefix decoding gives the model's plain forward log-probability."""
+    import torch
+
+    from moses_rnn.train import TrainConfig, train
+
+    train(str(example_table), str(tmp_path / arch),
+          TrainConfig(preset="tiny", arch=arch, max_steps=20, eval_every=20, valid_pairs=10, device="cpu"),
+          progress=False)
+    scorer = PhraseScorer.from_dir(str(tmp_path / arch), device="cpu", node_chunk=7)
+    pairs = [(p.source, p.target) for p in read_phrase_table(str(real_table_slice))][:400]
+    got = scorer.score(pairs)
+    assert scorer.decoder_nodes < sum(len(t.split()) + 1 for _, t in pairs)  # prefixes were shared
+    model = scorer.model
+    with torch.no_grad():
+        for (s, t), lp in zip(pairs[::7], got[::7]):
+            src = torch.tensor([scorer.src_vocab.encode(s.split())])
+            tgt = torch.tensor([scorer.tgt_vocab.encode(t.split()) + [scorer.eos]])
+            want = float(model(src, torch.ones_like(src, dtype=torch.bool), tgt, torch.ones_like(tgt, dtype=torch.bool))[0])
+            assert lp == pytest.approx(want, abs=1e-4)
