@@ -84,11 +84,15 @@ class PhraseScorer:
             for i in range(0, len(members), per_batch):
                 yield length, members[i : i + per_batch]
 
-    @torch.inference_mode()
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """log p(target | source) of each (source, target) pair, float64 [len(pairs)]."""
+        return self._score(pairs)[0]
+
+    @torch.inference_mode()
+    def _score(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log p, target symbols incl. </s>, words outside the shortlists) of each pair."""
         if not pairs:
-            return np.zeros(0)
+            return np.zeros(0), np.zeros(0), np.zeros(0)
         dev, model = self.device, self.model
         # distinct phrases of each side, in first-seen order; pairs point at them
         src_index: dict[str, int] = {}
@@ -115,7 +119,10 @@ class PhraseScorer:
         lens = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))[pair_tgt]
         Y = np.full((len(pairs), int(lens.max())), -1, dtype=np.int64)
         Y[np.arange(Y.shape[1])[None, :] < lens[:, None]] = np.concatenate([tgt_ids[i] for i in pair_tgt.tolist()])
-        return self._decode_prefix_tree(ctx, row_of[pair_src], Y)
+        unk_s, unk_t = self.src_vocab.unk_id, self.tgt_vocab.unk_id
+        unknown = (np.fromiter((ids.count(unk_s) for ids in src_ids), np.int64, len(src_ids))[pair_src]
+                   + np.fromiter((ids.count(unk_t) for ids in tgt_ids), np.int64, len(tgt_ids))[pair_tgt])
+        return self._decode_prefix_tree(ctx, row_of[pair_src], Y), lens.astype(np.float64), unknown.astype(np.float64)
 
     def _decode_prefix_tree(self, ctx, pair_row: np.ndarray, Y: np.ndarray) -> np.ndarray:
         """Sum of log p(y_t | y_<t, source) for each pair (row of Y, -1 padded, ending in </s>).
@@ -176,12 +183,10 @@ class PhraseScorer:
 
     def features(self, pairs: Sequence[tuple[str, str]], normalize: bool = False, unknown: bool = False) -> np.ndarray:
         """Log-domain feature columns [len(pairs), 1 or 2]: log p (optionally per symbol), unknown count."""
-        lp = self.score(pairs)
-        if normalize:
-            lp = lp / np.array([len(t.split()) + 1 for _, t in pairs], dtype=np.float64)
-        cols = [lp]
+        lp, symbols, unk = self._score(pairs)
+        cols = [lp / symbols if normalize else lp]
         if unknown:
-            cols.append(self.unknown_counts(pairs))
+            cols.append(unk)
         return np.stack(cols, axis=1)
 
 
@@ -190,6 +195,8 @@ def format_rows(values: np.ndarray) -> list[str]:
     vals = np.exp(np.maximum(values, LOG_FLOOR))
     if vals.shape[1] == 1:
         return [f"{v:.7g}" for v in vals[:, 0].tolist()]
+    if vals.shape[1] == 2:
+        return [f"{a:.7g} {b:.7g}" for a, b in zip(vals[:, 0].tolist(), vals[:, 1].tolist())]
     return [" ".join(f"{v:.7g}" for v in row) for row in vals.tolist()]
 
 
