@@ -86,4 +86,4 @@ def test_init_follows_supplementary_material():
         assert torch.allclose(block @ block.T, torch.eye(40), atol=1e-5)
     w = m.decoder.G_l.weight.detach()
     assert abs(float(w.std()) - 0.01) < 0.001 and abs(float(w.mean())) < 0.001
-    assert float(m.encoder.W.bias.abs().max()) == 0.0
+    assert float(m.encoder.W.bias.detach().abs().max()) == 0.0
