@@ -109,6 +109,8 @@ def atomic_output(path: str, compress: bool | None = None, threads: int | None =
     if compress is None:
         compress = path.endswith(".gz")
     folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{path}: the output folder {folder} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     os.close(fd)
     try:
