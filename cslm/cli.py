@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 
 import click
 
-from moses_rnn.textio import InputError
-
-
-def _fail_cleanly(fn):
-    """Bad input becomes a one-line error; SIGTERM exits through the atomic-output cleanup."""
-
-    def wrapper(*args, **kwargs):
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
-            return fn(*args, **kwargs)
-        except (InputError, FileNotFoundError, ValueError, ConnectionError) as e:
-            raise click.ClickException(str(e)) from None
-
-    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
-    return wrapper
+from moses_rnn.cliutil import fail_cleanly
 
 
 def _threads(n):
@@ -79,7 +64,7 @@ def main():
 @click.option("--threads", type=int, help="CPU threads [all cores].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@_fail_cleanly
+@fail_cleanly
 def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, epoch_ngrams,
           batch_size, optimizer, lr, seed, device, threads, resume, quiet):
     """Train on CORPUS: tokenized text, one sentence per line, plain or gzip."""
@@ -102,7 +87,7 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int)
 @click.option("--quiet", is_flag=True)
-@_fail_cleanly
+@fail_cleanly
 def eval_(model_dir, text, kenlm, backoff, device, threads, quiet):
     """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's."""
     from .apply import perplexity
@@ -141,7 +126,7 @@ def _split_paths(paths, server, what):
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int)
 @click.option("--quiet", is_flag=True)
-@_fail_cleanly
+@fail_cleanly
 def score(paths, output, server, ngrams, per_word, kenlm, device, threads, quiet):
     """Natural-log probabilities of the sentences (or n-grams) of TEXT ('-' = stdin).
 
@@ -168,7 +153,7 @@ def score(paths, output, server, ngrams, per_word, kenlm, device, threads, quiet
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int)
 @click.option("--quiet", is_flag=True)
-@_fail_cleanly
+@fail_cleanly
 def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet):
     """Add `FEATURE= <ln P(hypothesis)> <unknown words>` to every hypothesis of a Moses n-best list."""
     from .apply import rescore_nbest as run
@@ -194,7 +179,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet)
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
-@_fail_cleanly
+@fail_cleanly
 def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, kenlm, device,
           threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
@@ -222,7 +207,7 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame,
 
 @main.command()
 @click.argument("address", metavar="HOST:PORT")
-@_fail_cleanly
+@fail_cleanly
 def stats(address):
     """Print a running server's statistics (JSON)."""
     from .client import Client, parse_address

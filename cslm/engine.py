@@ -37,7 +37,6 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from moses_rnn.train import resolve_device
 from moses_rnn.vocab import BOS, EOS, Vocabulary

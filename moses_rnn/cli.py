@@ -4,27 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
 
 import click
 
 from . import __version__
-from .textio import InputError
-
-
-def _fail_cleanly(fn):
-    """Turn bad input into a one-line error, and SIGTERM into a clean (atomic) exit."""
-
-    def wrapper(*args, **kwargs):
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-        try:
-            return fn(*args, **kwargs)
-        except (InputError, FileNotFoundError, ValueError) as e:
-            raise click.ClickException(str(e)) from None
-
-    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
-    return wrapper
+from .cliutil import fail_cleanly
 
 
 def default_output(table: str, suffix: str = "rnn") -> str:
@@ -58,7 +42,7 @@ def main():
 @click.option("--threads", type=int, help="CPU threads [all cores; 1 for models smaller than `small`].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@_fail_cleanly
+@fail_cleanly
 def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_minutes, batch_size, valid_pairs,
           eval_every, clip, seed, device, threads, resume, quiet):
     """Train on the unique phrase pairs of a Moses phrase table TABLE."""
@@ -86,7 +70,7 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_m
 @click.option("--window", default=8192, show_default=True, help="Lines read and scored together.")
 @click.option("--token-budget", default=16384, show_default=True, help="Target symbols per batch.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@_fail_cleanly
+@fail_cleanly
 def score(table, model_dir, output, normalize, unknown, device, threads, workers, window, token_budget, quiet):
     """Append log p(target | source) (as e^value, see README) to every line of TABLE."""
     from .score import PhraseScorer, configure_threads, default_workers, score_table
@@ -133,7 +117,7 @@ def _ini_edit(moses_ini, output, edit):
 @click.option("--path", "table_path", help="Also point the table at this file (the scored table).")
 @click.option("--fixed", is_flag=True, help="Mark the new columns untuneable (MERT keeps their weights).")
 @click.option("-o", "--output", required=True, help="Output moses.ini ('-' for stdout).")
-@_fail_cleanly
+@fail_cleanly
 def ini_add_columns(moses_ini, table, count, weight, table_path, fixed, output):
     """Declare new score columns on a phrase table of MOSES_INI (num-features and weights)."""
     _ini_edit(moses_ini, output, lambda cfg: cfg.add_columns(table, count, list(weight) or 0.2,
@@ -145,7 +129,7 @@ def ini_add_columns(moses_ini, table, count, weight, table_path, fixed, output):
 @click.argument("feature_line", nargs=-1, required=True)
 @click.option("--weight", "-w", multiple=True, type=float, help="Initial weight, once per score [0.1 each].")
 @click.option("-o", "--output", required=True, help="Output moses.ini ('-' for stdout).")
-@_fail_cleanly
+@fail_cleanly
 def ini_add_feature(moses_ini, feature_line, weight, output):
     """Add a feature function line, e.g. `CSLM name=CSLM0 host=127.0.0.1 port=5000 order=7`, and its weights."""
     _ini_edit(moses_ini, output, lambda cfg: cfg.add_feature(" ".join(feature_line), list(weight) or None))
@@ -155,7 +139,7 @@ def ini_add_feature(moses_ini, feature_line, weight, output):
 @click.argument("moses_ini", type=click.Path(exists=True, dir_okay=False))
 @click.argument("name")
 @click.option("-o", "--output", required=True, help="Output moses.ini ('-' for stdout).")
-@_fail_cleanly
+@fail_cleanly
 def ini_remove_feature(moses_ini, name, output):
     """Remove feature NAME and its weights."""
     _ini_edit(moses_ini, output, lambda cfg: cfg.remove_feature(name))
@@ -166,7 +150,7 @@ def ini_remove_feature(moses_ini, name, output):
 @click.argument("name")
 @click.argument("assignments", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="Output moses.ini ('-' for stdout).")
-@_fail_cleanly
+@fail_cleanly
 def ini_set(moses_ini, name, assignments, output):
     """Set KEY=VALUE parameters on feature NAME (e.g. path=phrase-table.rnn.gz)."""
 
@@ -233,7 +217,7 @@ def _with_generation_options(fn):
 @click.option("--top", default=5, show_default=True, help="Distinct targets listed per phrase (0: all).")
 @click.option("--seed", default=1, show_default=True)
 @click.option("--tsv", is_flag=True, help="Tab-separated source, target, count, log p.")
-@_fail_cleanly
+@fail_cleanly
 def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
            samples, top, seed, tsv):
     """Draw N samples for each source phrase; list the distinct targets by model score, with counts."""
@@ -263,7 +247,7 @@ def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk,
 @click.option("--n-best", default=1, show_default=True,
               help="Targets per phrase; above 1 the output is 'index ||| target ||| score' lines.")
 @click.option("--normalize", is_flag=True, help="Rank by log p per target symbol (words + </s>).")
-@_fail_cleanly
+@fail_cleanly
 def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
               beam, n_best, normalize):
     """Beam-search the best target of each source phrase (one line out per phrase in)."""
@@ -293,7 +277,7 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
 @click.option("-o", "--output", required=True, help="PNG file.")
 @click.option("-k", "--beam", default=5, show_default=True, help="Beam width when TARGET is not given.")
 @click.option("--device", default="auto", show_default=True)
-@_fail_cleanly
+@fail_cleanly
 def align(source, target, model_dir, output, beam, device):
     """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
     from .align import draw_alignment, soft_alignment
@@ -333,7 +317,7 @@ def _with_columns(fn):
 @click.option("--rare-max", default=2.0, show_default=True, help="Largest count(source) that is 'rare'.")
 @click.option("--min-targets", default=2, show_default=True, help="Skip sources with fewer targets.")
 @click.option("--seed", default=1, show_default=True, help="Seed of the random pick of rare phrases.")
-@_fail_cleanly
+@fail_cleanly
 def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, top, rare_max, min_targets, seed):
     """Table 2: top targets by the translation model and by the RNN, for long phrases of a scored TABLE."""
     from .analyze import table2
@@ -352,7 +336,7 @@ def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, t
 @click.option("-o", "--output", required=True, help="PNG file.")
 @click.option("--max-points", default=50000, show_default=True, help="Pairs drawn (a uniform sample).")
 @click.option("--seed", default=1, show_default=True)
-@_fail_cleanly
+@fail_cleanly
 def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
     """Figure 3: RNN log p against translation-model log p for the pairs of a scored TABLE."""
     from .analyze import score_scatter
@@ -369,7 +353,7 @@ def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
 @click.option("--side", default="source", show_default=True, type=click.Choice(["source", "target"]))
 @click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
 @click.option("--seed", default=1, show_default=True)
-@_fail_cleanly
+@fail_cleanly
 def analyze_words(model_dir, output, words, labels, side, vectors, seed):
     """Figure 4: a 2-D t-SNE map of the model's word embeddings."""
     from .analyze import embedding_map
@@ -388,7 +372,7 @@ def analyze_words(model_dir, output, words, labels, side, vectors, seed):
 @click.option("--min-words", default=4, show_default=True)
 @click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
 @click.option("--seed", default=1, show_default=True)
-@_fail_cleanly
+@fail_cleanly
 def analyze_phrases(table, model_dir, output, phrases, labels, min_words, vectors, seed):
     """Figure 5: a 2-D t-SNE map of the representations of TABLE's long source phrases."""
     from .analyze import phrase_map
