@@ -68,7 +68,7 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_m
 @click.option("--workers", type=int,
               help="Scoring processes [all cores for models smaller than `small` on CPU and tables over 8 MB; else 1].")
 @click.option("--window", default=8192, show_default=True, help="Lines read and scored together.")
-@click.option("--token-budget", default=16384, show_default=True, help="Target symbols per batch.")
+@click.option("--token-budget", default=16384, show_default=True, help="Source words per encoder batch.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def score(table, model_dir, output, normalize, unknown, device, threads, workers, window, token_budget, quiet):
