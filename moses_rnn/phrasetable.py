@@ -12,13 +12,15 @@ Memory is constant: lines are parsed one at a time from the stream.
 Moses takes ln() of every phrase-table score when it loads a table and floors
 the result at -100 (`FloorScore` in moses/TypeDef.h). A column meant to
 contribute the value k to the log-linear model must therefore be written as
-e^k; `moses_value` does that, clamping k at -100 so Moses never sees ln(0).
+e^k; `format_rows` does that, clamping k at -100 so Moses never sees ln(0).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator
+from typing import Iterator
+
+import numpy as np
 
 from .textio import InputError, iter_lines
 
@@ -126,11 +128,15 @@ def read_phrase_table(path: str) -> Iterator[PhrasePair]:
         yield pair
 
 
-def moses_value(log_value: float) -> float:
-    """The number to write so that Moses's ln() gives back `log_value` (floored at -100)."""
-    return math.exp(max(log_value, LOG_FLOOR))
+def format_rows(values: np.ndarray) -> list[str]:
+    """Log-domain feature values [rows, columns] -> Moses score columns, one string per row.
 
-
-def format_columns(log_values: Iterable[float]) -> str:
-    """Format log-domain feature values as Moses phrase-table columns (e^value)."""
-    return " ".join(f"{moses_value(v):.7g}" for v in log_values)
+    Each value k is written as e^k, with k floored at -100 (see the module
+    docstring), with 7 significant digits.
+    """
+    vals = np.exp(np.maximum(np.asarray(values, dtype=np.float64), LOG_FLOOR))
+    if vals.shape[1] == 1:
+        return [f"{v:.7g}" for v in vals[:, 0].tolist()]
+    if vals.shape[1] == 2:  # the scorer's usual pair of columns, without a generator per row
+        return [f"{a:.7g} {b:.7g}" for a, b in zip(vals[:, 0].tolist(), vals[:, 1].tolist())]
+    return [" ".join(f"{v:.7g}" for v in row) for row in vals.tolist()]

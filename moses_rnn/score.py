@@ -37,7 +37,7 @@ import torch
 from tqdm import tqdm
 
 from .modelio import LoadedModel, load_model
-from .phrasetable import LOG_FLOOR, parse_line
+from .phrasetable import format_rows, parse_line
 from .textio import atomic_output, decode_line, iter_raw_windows
 from .train import configure_threads, resolve_device  # noqa: F401  (configure_threads re-exported)
 from .vocab import EOS
@@ -190,16 +190,6 @@ class PhraseScorer:
         return np.stack(cols, axis=1)
 
 
-def format_rows(values: np.ndarray) -> list[str]:
-    """Log-domain values -> Moses columns e^value (floored at e^-100), one string per row."""
-    vals = np.exp(np.maximum(values, LOG_FLOOR))
-    if vals.shape[1] == 1:
-        return [f"{v:.7g}" for v in vals[:, 0].tolist()]
-    if vals.shape[1] == 2:
-        return [f"{a:.7g} {b:.7g}" for a, b in zip(vals[:, 0].tolist(), vals[:, 1].tolist())]
-    return [" ".join(f"{v:.7g}" for v in row) for row in vals.tolist()]
-
-
 @dataclass
 class ScoreStats:
     lines: int
@@ -346,4 +336,4 @@ def score_table(
     return ScoreStats(written, time.perf_counter() - start, sources, workers)
 
 
-__all__ = ["PhraseScorer", "ScoreStats", "TableJob", "score_table", "rescore_lines", "format_rows", "default_workers"]
+__all__ = ["PhraseScorer", "ScoreStats", "TableJob", "score_table", "rescore_lines", "default_workers"]

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from moses_rnn.phrasetable import format_columns, moses_value, parse_line, read_phrase_table
+from moses_rnn.phrasetable import format_rows, parse_line, read_phrase_table
 from moses_rnn.textio import InputError, atomic_output
 
 
@@ -91,12 +91,14 @@ def test_gzip_is_sniffed_not_named(tmp_path):
         assert [q.line for q in read_phrase_table(p)] == [text]
 
 
-def test_moses_value_round_trips_through_ln_and_floors():
-    for k in [0.0, -1.5, -42.0, 3.0]:
-        assert math.log(float(format_columns([k]))) == pytest.approx(k, abs=1e-6)
-    assert math.log(moses_value(-1e9)) == pytest.approx(-100.0)
-    assert moses_value(-1e9) > 0.0
-    assert math.log(float(format_columns([-500.0]))) == pytest.approx(-100.0, abs=1e-5)
+def test_columns_round_trip_through_ln_and_floor():
+    ks = [0.0, -1.5, -42.0, 3.0, -1e9, -500.0]
+    for cols in (1, 2, 3):
+        rows = format_rows([[k] * cols for k in ks])
+        for k, row in zip(ks, rows):
+            values = [math.log(float(v)) for v in row.split()]
+            assert len(values) == cols
+            assert values == pytest.approx([max(k, -100.0)] * cols, abs=1e-6)
 
 
 def test_atomic_output_keeps_previous_file_on_failure(tmp_path):
