@@ -3,7 +3,9 @@
 Dynamic batching. Every SCORE/SCORE_TEXT request, from any connection, goes
 into one queue. The batcher takes the oldest request, then keeps collecting
 for at most `max_delay` seconds (busy-polling the event loop, since epoll's
-timer resolution is a millisecond) or until `max_batch` n-grams are waiting;
+timer resolution is a millisecond) or until `max_batch` n-grams are waiting,
+and not at all once every open connection has a request queued (a lone
+decoder thread never waits);
 it scores the lot with one `Engine.score_ids` call in a worker thread and
 hands each request its own slice. While the worker computes, new requests
 queue up and form the next batch, so under load batches fill without waiting.
@@ -131,9 +133,10 @@ class Batcher:
         self.task: asyncio.Task | None = None
         self.stopping = False
 
-    def submit(self, rows: np.ndarray) -> asyncio.Future:
+    def submit(self, rows: np.ndarray, conn: object = None) -> asyncio.Future:
+        """Queue `rows` from connection `conn`; the future gets (log-probs, flags)."""
         fut = asyncio.get_running_loop().create_future()
-        self.queue.append((rows, fut))
+        self.queue.append((rows, fut, conn))
         self.wakeup.set()
         return fut
 
@@ -146,13 +149,16 @@ class Batcher:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            # Wait up to max_delay for other requests to join, polling the loop.
+            # Wait up to max_delay for other requests to join, polling the loop,
+            # but only while some open connection has nothing queued: when every
+            # client is already waiting (one decoder thread, say) nobody can join.
             deadline = time.perf_counter() + self.cfg.max_delay
-            while self._waiting() < self.cfg.max_batch and time.perf_counter() < deadline and not self.stopping:
+            while (self._waiting() < self.cfg.max_batch and time.perf_counter() < deadline and not self.stopping
+                   and self._queued_connections() < self.stats.connections_open):
                 await asyncio.sleep(0)
             batch, total = [], 0
             while self.queue and (not batch or total + len(self.queue[0][0]) <= self.cfg.max_batch):
-                rows, fut = self.queue.popleft()
+                rows, fut, _ = self.queue.popleft()
                 if fut.cancelled():
                     continue
                 batch.append((rows, fut))
@@ -178,7 +184,10 @@ class Batcher:
                 at += len(r)
 
     def _waiting(self) -> int:
-        return sum(len(r) for r, _ in self.queue)
+        return sum(len(r) for r, _, _ in self.queue)
+
+    def _queued_connections(self) -> int:
+        return len({c for _, _, c in self.queue})
 
 
 class Server:
@@ -307,7 +316,7 @@ class Server:
 
     async def _score(self, writer, rid: int, rows: np.ndarray, grams, t0: float) -> None:
         try:
-            logp, flags = await self.batcher.submit(rows)
+            logp, flags = await self.batcher.submit(rows, conn=writer)
             if grams is not None and self.engine.backoff is not None and (flags & 1).any():
                 logp, flags = logp.copy(), flags.copy()
                 self.engine.apply_backoff(grams, logp, flags)
