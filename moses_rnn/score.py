@@ -232,10 +232,10 @@ def rescore_lines(scorer: PhraseScorer, job: TableJob, first_lineno: int, raw: l
 _WORKER: tuple[PhraseScorer, TableJob] | None = None
 
 
-def _init_worker(model_dir: str, token_budget: int, job: TableJob) -> None:
+def _init_worker(model_dir: str, token_budget: int, node_chunk: int, job: TableJob) -> None:
     global _WORKER
     torch.set_num_threads(1)
-    _WORKER = (PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget), job)
+    _WORKER = (PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget, node_chunk=node_chunk), job)
 
 
 def _run_worker(first_lineno: int, raw: list[bytes]) -> tuple[bytes, int, int]:
@@ -317,7 +317,7 @@ def score_table(
                     workers,
                     mp_context=multiprocessing.get_context("spawn"),
                     initializer=_init_worker,
-                    initargs=(scorer.model_dir, scorer.token_budget, job),
+                    initargs=(scorer.model_dir, scorer.token_budget, scorer.node_chunk, job),
                 )
                 results = _in_order(pool, counted(windows), depth=2 * workers)
             else:
