@@ -17,9 +17,9 @@ import os
 import subprocess
 
 from common import median_time, require_shared, table_slice, untrained_model_dir, workdir
-from moses_rnn.score import PhraseScorer, configure_threads, default_workers, score_table
+from moses_rnn.score import PhraseScorer, default_workers, score_table
 from moses_rnn.textio import atomic_output, open_input
-from moses_rnn.train import resolve_device
+from moses_rnn.train import configure_threads, resolve_device
 
 
 def main():

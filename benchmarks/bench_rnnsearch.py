@@ -25,8 +25,8 @@ import torch
 from moses_rnn.model import PRESETS, build_model, parameter_count, preset_config
 from moses_rnn.modelio import LoadedModel
 from moses_rnn.phrasetable import read_phrase_table
-from moses_rnn.score import PhraseScorer, configure_threads, score_table
-from moses_rnn.train import build_vocabularies, resolve_device
+from moses_rnn.score import PhraseScorer, score_table
+from moses_rnn.train import build_vocabularies, configure_threads, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TABLE = ROOT.parent / "shared" / "data" / "en-fr-moses" / "phrase-table.gz"

@@ -73,8 +73,8 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_m
 @fail_cleanly
 def score(table, model_dir, output, normalize, unknown, device, threads, workers, window, token_budget, quiet):
     """Append log p(target | source) (as e^value, see README) to every line of TABLE."""
-    from .score import PhraseScorer, configure_threads, default_workers, score_table
-    from .train import resolve_device
+    from .score import PhraseScorer, default_workers, score_table
+    from .train import configure_threads, resolve_device
 
     dev = resolve_device(device)
     scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget)

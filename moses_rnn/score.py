@@ -39,7 +39,7 @@ from tqdm import tqdm
 from .modelio import LoadedModel, load_model
 from .phrasetable import format_rows, parse_line
 from .textio import atomic_output, decode_line, iter_raw_windows
-from .train import configure_threads, resolve_device  # noqa: F401  (configure_threads re-exported)
+from .train import resolve_device
 from .vocab import EOS
 
 

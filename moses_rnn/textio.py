@@ -13,7 +13,6 @@ for the measurement that chose it).
 from __future__ import annotations
 
 import contextlib
-import io
 import itertools
 import os
 import sys
@@ -43,11 +42,6 @@ def open_input(path: str) -> BinaryIO:
     if is_gzip(path):
         return igzip_threaded.open(path, "rb", threads=1)
     return open(path, "rb", buffering=1 << 20)
-
-
-def open_text(path: str) -> io.TextIOWrapper:
-    """Open a UTF-8 text file ('-' for stdin), plain or gzip, for reading."""
-    return io.TextIOWrapper(open_input(path), encoding="utf-8", errors="strict", newline="")
 
 
 def decode_line(raw: bytes, path: str, lineno: int) -> str:

@@ -42,22 +42,12 @@ class Vocabulary:
         kept = ranked[: size - len(reserved)]
         return cls(list(reserved) + kept, [0] * len(reserved) + [counts[w] for w in kept])
 
-    @classmethod
-    def from_texts(cls, texts: Iterable[str], size: int, reserved: Sequence[str] = (EOS, UNK)) -> "Vocabulary":
-        counts: Counter = Counter()
-        for t in texts:
-            counts.update(t.split())
-        return cls.build(counts, size, reserved)
-
     # -- lookup ------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.words)
 
     def __contains__(self, word: str) -> bool:
         return word in self.index
-
-    def id(self, word: str) -> int:
-        return self.index.get(word, self.unk_id)
 
     def encode(self, words: Iterable[str]) -> list[int]:
         get, unk = self.index.get, self.unk_id
