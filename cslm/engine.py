@@ -129,8 +129,15 @@ class Engine:
         flags = (ngrams[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
         if n == 0:
             return logp, flags
-        # Distinct histories: view each row's n-1 ids as one opaque value and sort.
         ctx = np.ascontiguousarray(ngrams[:, :-1])
+        if n <= self.min_rows:  # a decoder's typical request: one padded chunk, no de-duplication
+            rows = np.concatenate([ctx, np.repeat(ctx[:1], self.min_rows - n, axis=0)])
+            logits = self.model(torch.from_numpy(rows.astype(np.int64)).to(self.device)).float()
+            local = torch.arange(n, device=self.device)
+            lp = logits[local, torch.from_numpy(ngrams[:, -1].astype(np.int64)).to(self.device)]
+            logp[:] = (lp - torch.logsumexp(logits[:n], dim=1)).cpu().numpy()
+            return logp, flags
+        # Distinct histories: view each row's n-1 ids as one opaque value and sort.
         keys = ctx.view(np.dtype((np.void, ctx.dtype.itemsize * ctx.shape[1]))).ravel()
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         uniq = ctx[first]  # (U, n-1), in key order; inverse maps n-gram -> its history

@@ -6,8 +6,9 @@ for at most `max_delay` seconds (busy-polling the event loop, since epoll's
 timer resolution is a millisecond) or until `max_batch` n-grams are waiting,
 and not at all once every open connection has a request queued (a lone
 decoder thread never waits);
-it scores the lot with one `Engine.score_ids` call in a worker thread and
-hands each request its own slice. While the worker computes, new requests
+it scores the lot with one `Engine.score_ids` call (in a worker thread, or
+on the loop's own thread for a batch of at most INLINE_ROWS n-grams, where the
+thread hop would cost more than the work) and hands each request its own slice. While the worker computes, new requests
 queue up and form the next batch, so under load batches fill without waiting.
 
 An n-gram cache (FIFO eviction, keyed by the padded id n-gram) sits in front
@@ -47,6 +48,20 @@ class ServerConfig:
     cache_size: int = 1_000_000  # n-grams; 0 disables the cache
     max_frame: int = P.DEFAULT_MAX_FRAME
     idle_timeout: float = 300.0
+
+
+# Batches of at most this many n-grams are scored on the event loop's thread
+# (about 0.1 ms on the CPU); larger ones in the worker thread, so that reading
+# new requests overlaps the forward pass.
+INLINE_ROWS = 64
+
+if sys.version_info >= (3, 11):
+    async def _read(reader: asyncio.StreamReader, n: int, timeout: float) -> bytes:
+        async with asyncio.timeout(timeout):  # a timer handle, not a new task per frame
+            return await reader.readexactly(n)
+else:  # pragma: no cover
+    async def _read(reader: asyncio.StreamReader, n: int, timeout: float) -> bytes:
+        return await asyncio.wait_for(reader.readexactly(n), timeout)
 
 
 NAMES = {P.HELLO: "hello", P.SCORE: "score", P.SCORE_TEXT: "score_text", P.LOOKUP: "lookup", P.VOCAB: "vocab",
@@ -91,7 +106,7 @@ class Stats:
 
 
 class CachedScorer:
-    """Engine.score_ids behind an n-gram cache; called from the single worker thread only."""
+    """Engine.score_ids behind an n-gram cache; called by the batcher only, one call at a time."""
 
     def __init__(self, engine: Engine, capacity: int, stats: Stats):
         self.engine, self.capacity, self.stats = engine, capacity, stats
@@ -167,7 +182,10 @@ class Batcher:
                 continue
             rows = np.concatenate([r for r, _ in batch]) if len(batch) > 1 else batch[0][0]
             try:
-                logp, flags = await loop.run_in_executor(self.pool, self.scorer, rows)
+                if total <= INLINE_ROWS:  # a thread hop would cost more than the forward pass
+                    logp, flags = self.scorer(rows)
+                else:
+                    logp, flags = await loop.run_in_executor(self.pool, self.scorer, rows)
             except Exception as e:  # surfaces as an INTERNAL error on each request
                 for _, fut in batch:
                     if not fut.done():
@@ -266,7 +284,7 @@ class Server:
         cfg, handshaken = self.cfg, False
         while not self.closing:
             try:
-                head = await asyncio.wait_for(reader.readexactly(P.HEADER_SIZE), cfg.idle_timeout)
+                head = await _read(reader, P.HEADER_SIZE, cfg.idle_timeout)
             except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return  # idle, or the client went away (possibly mid-header)
             length, type_, rid = P.parse_header(head)
@@ -276,7 +294,7 @@ class Server:
                 if type_ not in P.REQUEST_TYPES:
                     raise P.ProtocolError(P.E_UNKNOWN_TYPE, f"unknown frame type 0x{type_:02x}")
                 try:
-                    payload = await asyncio.wait_for(reader.readexactly(length), cfg.idle_timeout)
+                    payload = await _read(reader, length, cfg.idle_timeout)
                 except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                     return  # truncated frame: nobody left to answer
                 t0 = time.perf_counter()
