@@ -201,8 +201,13 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame,
             with atomic_output(port_file, compress=False) as f:
                 f.write(f"{bound}\n".encode())
 
-    run(engine, cfg, announce)
-    click.echo("cslm: server stopped", err=True)
+    st = run(engine, cfg, announce)
+    score = st["requests_by_type"].get("score", 0) + st["requests_by_type"].get("score_text", 0)
+    looked = st["cache"]["hits"] + st["cache"]["misses"]
+    hits = f", {100 * st['cache']['hits'] / looked:.0f}% from the cache" if looked else ""
+    click.echo(f"cslm: server stopped after {st['uptime_s']:.0f} s: {score} score requests, {st['ngrams']} n-grams"
+               f"{hits}, {st['connections']['total']} connections; latency p50 {st['latency_ms']['p50']} ms, "
+               f"p99 {st['latency_ms']['p99']} ms", err=True)
 
 
 @main.command()

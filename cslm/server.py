@@ -366,7 +366,7 @@ class Server:
         return d
 
 
-async def _main(engine: Engine, cfg: ServerConfig, announce) -> None:
+async def _main(engine: Engine, cfg: ServerConfig, announce) -> dict:
     srv = Server(engine, cfg)
     port = await srv.start()
     loop = asyncio.get_running_loop()
@@ -374,13 +374,15 @@ async def _main(engine: Engine, cfg: ServerConfig, announce) -> None:
         loop.add_signal_handler(sig, srv.request_shutdown)
     announce(srv, port)
     await srv.wait_closed()
+    return srv.stats_dict()
 
 
-def serve(engine: Engine, cfg: ServerConfig, announce=None) -> None:
-    """Run the server until SIGTERM/SIGINT; `announce(server, port)` is called once listening."""
+def serve(engine: Engine, cfg: ServerConfig, announce=None) -> dict:
+    """Run the server until SIGTERM/SIGINT; `announce(server, port)` is called once listening.
+    Returns the final statistics (as the STATS request reports them)."""
 
     def default_announce(srv, port):
         print(f"cslm: serving on {cfg.host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
               f"mode {engine.mode}, device {engine.device})", file=sys.stderr, flush=True)
 
-    asyncio.run(_main(engine, cfg, announce or default_announce))
+    return asyncio.run(_main(engine, cfg, announce or default_announce))

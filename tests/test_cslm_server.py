@@ -283,7 +283,8 @@ def test_sigterm_drains_in_flight_requests(cslm_model, engine, tmp_path):  # noq
         assert reply is not None and reply[:2] == (P.SCORES, 77)
         assert np.array_equal(P.decode_scores(reply[2])[0], engine.score_ids(grams)[0])
         assert proc.wait(30) == 0
-        assert "server stopped" in proc.stderr.read()
+        err = proc.stderr.read()
+        assert "server stopped after" in err and "1 score requests, 20000 n-grams" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
