@@ -7,7 +7,7 @@ padded with <s>). In process: `Engine.score_ids` on batches of --max-batch
 n-grams. Through the server: a `cslm serve` child process (n-gram cache off,
 so every n-gram is computed) and C concurrent connections from this process,
 each with one request of --request n-grams in flight at a time, as a decoder
-thread would. Latency: one client sending requests of 1 and of 16 n-grams.
+thread would. Latency: one blocking client sending requests of 1 and of 16 n-grams.
 Prints a JSON report (and writes it with --json).
 """
 
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from cslm.client import AsyncClient
+from cslm.client import AsyncClient, Client
 from cslm.engine import Engine
 from moses_rnn.textio import iter_lines
 
@@ -69,15 +69,15 @@ async def through_server(port: int, grams: np.ndarray, clients: int, request: in
     return rate
 
 
-async def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
-    c = await AsyncClient.connect("127.0.0.1", port)
+def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
+    """Round trips of one blocking client, one request at a time, as a decoder thread makes them."""
     lat = []
-    for i in range(count):
-        g = grams[(i * size) % (len(grams) - size):][:size]
-        t0 = time.perf_counter()
-        await c.score(g)
-        lat.append(time.perf_counter() - t0)
-    await c.close()
+    with Client("127.0.0.1", port) as c:
+        for i in range(count):
+            g = grams[(i * size) % (len(grams) - size):][:size]
+            t0 = time.perf_counter()
+            c.score(g)
+            lat.append(time.perf_counter() - t0)
     ms = np.array(lat) * 1e3
     return {f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)}
 
@@ -137,7 +137,7 @@ def main() -> None:
             report[f"server_{c}_clients_ngrams_per_s"] = round(rate)
             report[f"server_{c}_clients_vs_in_process"] = round(rate / report["in_process_ngrams_per_s"], 3)
         for size in (1, 16):
-            report[f"latency_ms_{size}_ngrams"] = asyncio.run(latency(port, grams, size, a.latency_requests))
+            report[f"latency_ms_{size}_ngrams"] = latency(port, grams, size, a.latency_requests)
     finally:
         proc.terminate()
         proc.wait(30)
