@@ -16,10 +16,12 @@
 #include "cslm_ngrams.h"
 #include "moses/Factor.h"
 #include "moses/Hypothesis.h"
+#include "moses/Manager.h"
 #include "moses/Phrase.h"
 #include "moses/ScoreComponentCollection.h"
 #include "moses/TargetPhrase.h"
 #include "moses/TranslationOption.h"
+#include "moses/TranslationOptionCollection.h"
 #include "moses/TranslationOptionList.h"
 #include "moses/Word.h"
 #include "util/exception.hh"
@@ -51,6 +53,7 @@ CSLM::CSLM(const std::string& line)
       m_retries(3),
       m_cacheSize(1000000),
       m_floor(-100.0f),
+      m_prefetch(8),
       m_bos(0),
       m_eos(0),
       m_unk(0) {
@@ -82,6 +85,8 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_cacheSize = Scan<size_t>(value);
   } else if (key == "floor") {
     m_floor = Scan<float>(value);
+  } else if (key == "prefetch") {
+    m_prefetch = Scan<size_t>(value);
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }
@@ -263,6 +268,35 @@ void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*inp
   }
 }
 
+bool CSLM::Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const {
+  float lp;
+  uint8_t flags;
+  for (size_t i = 0; i < count; ++i)
+    if (!td.cache.find(&ngrams[i * m_order], m_order, &lp, &flags)) return false;
+  return true;
+}
+
+void CSLM::AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
+                       std::vector<uint32_t>* ngrams) const {
+  // Cube pruning goes on to combine this predecessor with the next options of
+  // the same source span (the list is sorted best first): their boundary
+  // n-grams have the same history and ride along in this request, so that
+  // those expansions find them in the cache instead of making round trips.
+  const TranslationOptionList* list =
+      hypo.GetManager().getSntTranslationOptions()->GetTranslationOptionList(hypo.GetCurrSourceWordsRange());
+  if (!list) return;
+  const TranslationOption* mine = &hypo.GetTranslationOption();
+  const bool complete = hypo.IsSourceCompleted();  // the same for every option of this span
+  std::vector<uint32_t> ids, next;
+  size_t taken = 0;
+  for (TranslationOptionList::const_iterator it = list->begin(); it != list->end() && taken < m_prefetch; ++it) {
+    if (*it == mine) continue;
+    PhraseIds(td, (*it)->GetTargetPhrase(), &ids);
+    cslm::boundary_ngrams(state, ids, complete, m_order, m_bos, m_eos, ngrams, &next);
+    ++taken;
+  }
+}
+
 FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_state,
                                    ScoreComponentCollection* accumulator) const {
   ThreadData& td = Local();
@@ -272,8 +306,10 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   const size_t count =
       cslm::boundary_ngrams(prev.Words(), ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos, &ngrams, &next);
   if (count) {
+    // A round trip is due anyway: fill it with the likely next questions.
+    if (m_prefetch && !Cached(td, ngrams, count)) AddPrefetch(td, hypo, prev.Words(), &ngrams);
     std::vector<float> lp;
-    Score(td, ngrams, count, &lp);
+    Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
     float sum = 0.0f;
     for (size_t i = 0; i < count; ++i) sum += lp[i];
     std::vector<float> scores(m_numScoreComponents, 0.0f);

@@ -79,6 +79,12 @@ class CSLM : public StatefulFeatureFunction {
   // reconnects on a lost connection, at most m_retries times, then stops the decoder.
   void Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
   void Fatal(const std::string& message) const;
+  // True if the first `count` n-grams are all in the thread's cache.
+  bool Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const;
+  // Appends the boundary n-grams of `state` followed by up to m_prefetch other
+  // options of hypo's source span.
+  void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
+                   std::vector<uint32_t>* ngrams) const;
 
   std::string m_host;
   int m_port;
@@ -90,6 +96,7 @@ class CSLM : public StatefulFeatureFunction {
   int m_retries;
   size_t m_cacheSize;
   float m_floor;           // lowest log-probability passed to the decoder
+  size_t m_prefetch;       // other options of the span whose boundary n-grams share a request
 
   // Read-only after Load: shared by all threads.
   uint32_t m_bos, m_eos, m_unk;
