@@ -130,12 +130,9 @@ class Engine:
         if n == 0:
             return logp, flags
         ctx = np.ascontiguousarray(ngrams[:, :-1])
-        if n <= self.min_rows:  # a decoder's typical request: one padded chunk, no de-duplication
-            rows = np.concatenate([ctx, np.repeat(ctx[:1], self.min_rows - n, axis=0)])
-            logits = self.model(torch.from_numpy(rows.astype(np.int64)).to(self.device)).float()
-            local = torch.arange(n, device=self.device)
-            lp = logits[local, torch.from_numpy(ngrams[:, -1].astype(np.int64)).to(self.device)]
-            logp[:] = (lp - torch.logsumexp(logits[:n], dim=1)).cpu().numpy()
+        targets = torch.from_numpy(ngrams[:, -1].astype(np.int64))
+        if n <= self.min_rows:  # a decoder's typical request: one padded chunk either way, no de-duplication
+            logp[:] = self._chunk(ctx, torch.arange(n), targets)
             return logp, flags
         # Distinct histories: view each row's n-1 ids as one opaque value and sort.
         keys = ctx.view(np.dtype((np.void, ctx.dtype.itemsize * ctx.shape[1]))).ravel()
@@ -143,21 +140,21 @@ class Engine:
         uniq = ctx[first]  # (U, n-1), in key order; inverse maps n-gram -> its history
         order = np.argsort(inverse, kind="stable")  # n-grams grouped by history
         bounds = np.searchsorted(inverse[order], np.arange(0, len(uniq) + self.chunk, self.chunk))
-        targets = torch.from_numpy(ngrams[:, -1].astype(np.int64))
         inv = torch.from_numpy(inverse.astype(np.int64))
         for c, start in enumerate(range(0, len(uniq), self.chunk)):
-            rows = uniq[start : start + self.chunk]
-            m = len(rows)
-            if m < self.min_rows:  # see the module docstring: pad so results are batch-independent
-                rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - m, axis=0)])
-            h = torch.from_numpy(rows.astype(np.int64)).to(self.device)
-            logits = self.model(h).float()  # (C, V) output-layer activations o
-            log_z = torch.logsumexp(logits, dim=1)  # ln sum_r exp(o_r), Eq. (2)'s normaliser
             sel = torch.from_numpy(order[bounds[c] : bounds[c + 1]])
-            local = (inv[sel] - start).to(self.device)
-            lp = logits[local, targets[sel].to(self.device)] - log_z[local]  # o_w - ln Z
-            logp[sel.numpy()] = lp.cpu().numpy()
+            logp[sel.numpy()] = self._chunk(uniq[start : start + self.chunk], inv[sel] - start, targets[sel])
         return logp, flags
+
+    def _chunk(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
+        """ln P(targets[i] | rows[local[i]]) for one chunk of (n-1)-word histories."""
+        m = len(rows)
+        if m < self.min_rows:  # see the module docstring: pad so results are batch-independent
+            rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - m, axis=0)])
+        logits = self.model(torch.from_numpy(rows.astype(np.int64)).to(self.device)).float()  # (C, V) activations o
+        log_z = torch.logsumexp(logits[:m], dim=1)  # ln sum_r exp(o_r), Eq. (2)'s normaliser; padding rows skipped
+        local = local.to(self.device)
+        return (logits[local, targets.to(self.device)] - log_z[local]).cpu().numpy()  # o_w - ln Z
 
     # -- word strings -------------------------------------------------------
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:

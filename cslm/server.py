@@ -8,8 +8,9 @@ and not at all once every open connection has a request queued (a lone
 decoder thread never waits);
 it scores the lot with one `Engine.score_ids` call (in a worker thread, or
 on the loop's own thread for a batch of at most INLINE_ROWS n-grams, where the
-thread hop would cost more than the work) and hands each request its own slice. While the worker computes, new requests
-queue up and form the next batch, so under load batches fill without waiting.
+thread hop would cost more than the work) and hands each request its own
+slice. While the worker computes, new requests queue up and form the next
+batch, so under load batches fill without waiting.
 
 An n-gram cache (FIFO eviction, keyed by the padded id n-gram) sits in front
 of the engine; hits skip the network's forward pass entirely.

@@ -268,11 +268,12 @@ void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*inp
   }
 }
 
-bool CSLM::Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const {
-  float lp;
+bool CSLM::Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count,
+                  std::vector<float>* logprobs) const {
+  logprobs->resize(count);
   uint8_t flags;
   for (size_t i = 0; i < count; ++i)
-    if (!td.cache.find(&ngrams[i * m_order], m_order, &lp, &flags)) return false;
+    if (!td.cache.find(&ngrams[i * m_order], m_order, &(*logprobs)[i], &flags)) return false;
   return true;
 }
 
@@ -306,10 +307,12 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   const size_t count =
       cslm::boundary_ngrams(prev.Words(), ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos, &ngrams, &next);
   if (count) {
-    // A round trip is due anyway: fill it with the likely next questions.
-    if (m_prefetch && !Cached(td, ngrams, count)) AddPrefetch(td, hypo, prev.Words(), &ngrams);
     std::vector<float> lp;
-    Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
+    if (!Cached(td, ngrams, count, &lp)) {
+      // A round trip is due: fill it with the likely next questions.
+      if (m_prefetch) AddPrefetch(td, hypo, prev.Words(), &ngrams);
+      Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
+    }
     float sum = 0.0f;
     for (size_t i = 0; i < count; ++i) sum += lp[i];
     std::vector<float> scores(m_numScoreComponents, 0.0f);

@@ -79,8 +79,8 @@ class CSLM : public StatefulFeatureFunction {
   // reconnects on a lost connection, at most m_retries times, then stops the decoder.
   void Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
   void Fatal(const std::string& message) const;
-  // True if the first `count` n-grams are all in the thread's cache.
-  bool Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const;
+  // True, with their log-probabilities, if the first `count` n-grams are all in the thread's cache.
+  bool Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
   // Appends the boundary n-grams of `state` followed by up to m_prefetch other
   // options of hypo's source span.
   void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
