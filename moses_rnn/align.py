@@ -27,7 +27,7 @@ class Alignment:
 def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5) -> Alignment:
     """alpha of (source, target); with no target, of the model's beam-search translation."""
     model = loaded.model
-    if not hasattr(model, "alignment"):
+    if not model.has_attention:
         raise ValueError(f"a {loaded.config.arch!r} model has no alignment; train with --arch rnnsearch")
     src_words = source.split()
     if not src_words:

@@ -1,12 +1,14 @@
 """Generating target phrases from a trained model: sampling and beam search.
 
-Both work on any architecture through one step interface:
+Both work on any architecture through the step interface of
+`modelbase.PhraseModel`:
 
-    state = start_state(ctx)                        # h'_0 (encdec) or s_0 (rnnsearch)
-    logits, state = step(ctx, state, e_prev)        # p(y_t | y_<t, x) and the next state
+    ctx = model.context(src, mask)                  # once per source phrase
+    state = model.start_state(ctx)                  # h'_0 (encdec) or s_0 (rnnsearch)
+    logits, state = model.step(ctx, state, e_prev)  # p(y_t | y_<t, x) and the next state
 
-where `e_prev` is the embedding of the previous word (zeros before the first
-word, as in training). Both `EncoderDecoder` and `RNNsearch` offer it.
+where `e_prev` is the embedding of the previous word in
+`model.target_embeddings()` (zeros before the first word, as in training).
 
 Every source phrase of a call is decoded together in one batch (padded,
 masked), so a file of phrases costs a few large matrix products per step.
@@ -56,8 +58,7 @@ class Generator:
         self.device = next(self.model.parameters()).device
         self.eos = self.tgt_vocab.index[EOS]
         self.unk = self.tgt_vocab.unk_id
-        self.stepper = self.model  # start_state / step, as both architectures offer
-        self.embed = self.model.decoder.embed
+        self.embed = self.model.target_embeddings()
 
     def _encode(self, sources: Sequence[str]):
         """Right-padded source ids and mask; the model's context; source lengths."""
@@ -112,13 +113,13 @@ class Generator:
         ctx = ctx.select(rows)
         limit = torch.tensor([max_words(lens[b], len_ratio, len_extra) for b in rows.tolist()], device=self.device)
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        state = self.stepper.start_state(ctx)
+        state = self.model.start_state(ctx)
         e_prev = self.embed.weight.new_zeros(B * n, self.embed.embedding_dim)  # E y_0 = 0
         done = torch.zeros(B * n, dtype=torch.bool, device=self.device)
         total = torch.zeros(B * n, dtype=torch.float64, device=self.device)
         out = []
         for t in range(int(limit.max()) + 1):
-            logits, state = self.stepper.step(ctx, state, e_prev)
+            logits, state = self.model.step(ctx, state, e_prev)
             logp = torch.log_softmax(logits.float(), dim=-1)
             probs = torch.softmax(self._allowed(logp, t, limit, allow_unk) / temperature, dim=-1)
             y = torch.multinomial(probs, 1, generator=gen).squeeze(1)
@@ -168,7 +169,7 @@ class Generator:
         B, dev = len(sources), self.device
         ctx = ctx.select(torch.arange(B, device=dev).repeat_interleave(K))
         limit = torch.tensor([max_words(n, len_ratio, len_extra) for n in lens], device=dev).repeat_interleave(K)
-        state = self.stepper.start_state(ctx)
+        state = self.model.start_state(ctx)
         e_prev = self.embed.weight.new_zeros(B * K, self.embed.embedding_dim)
         # live scores [B, K]: one live hypothesis per source to start with
         live = torch.full((B, K), -math.inf, dtype=torch.float64, device=dev)
@@ -178,7 +179,7 @@ class Generator:
         active = [True] * B
         V = len(self.tgt_vocab)
         for t in range(int(limit.max()) + 1):
-            logits, state = self.stepper.step(ctx, state, e_prev)
+            logits, state = self.model.step(ctx, state, e_prev)
             logp = self._allowed(torch.log_softmax(logits.float(), dim=-1), t, limit, allow_unk)
             cand = (live[:, :, None] + logp.double().view(B, K, V)).view(B, K * V)
             top, idx = cand.topk(min(2 * K, K * V), dim=1)  # [B, 2K]

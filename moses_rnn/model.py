@@ -15,61 +15,12 @@ Deviations, all deliberate:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
 from typing import NamedTuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-
-@dataclass
-class ModelConfig:
-    arch: str = "encdec"
-    src_vocab: int = 15000  # source shortlist size (reserved symbols included)
-    tgt_vocab: int = 15000  # target shortlist size (reserved symbols included)
-    embed: int = 100  # rank of the input matrices = word-embedding size
-    hidden: int = 1000  # GRU units, encoder and decoder
-    maxout: int = 500  # maxout units (2 * maxout pre-activations)
-    out_rank: int = 100  # rank of the output matrix G = G_l G_r
-    align: int = 0  # RNNsearch alignment-model hidden units (0: same as hidden; unused by encdec)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown model config keys: {sorted(unknown)}")
-        return cls(**d)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# Sizes of the shipped presets. `paper` is the supplementary material's model;
-# the others keep its structure at sizes that train on a laptop CPU.
-PRESETS: dict[str, dict] = {
-    "paper": dict(vocab=15000, embed=100, hidden=1000, maxout=500, out_rank=100),
-    "small": dict(vocab=15000, embed=64, hidden=256, maxout=128, out_rank=64),
-    "tiny": dict(vocab=256, embed=16, hidden=32, maxout=16, out_rank=16),
-}
-
-# RNNsearch sizes (Bahdanau et al., 2015, Section 4.2: 620-d embeddings, 1000
-# hidden units per direction and in the decoder and alignment model, 500
-# maxout units, a full-rank output matrix). Shortlists as for the encdec.
-RNNSEARCH_PRESETS: dict[str, dict] = {
-    "paper": dict(vocab=15000, embed=620, hidden=1000, align=1000, maxout=500, out_rank=500),
-    "small": dict(vocab=15000, embed=64, hidden=256, align=256, maxout=128, out_rank=64),
-    "tiny": dict(vocab=2000, embed=16, hidden=32, align=32, maxout=16, out_rank=16),
-}
-
-
-def preset_config(name: str, src_vocab: int, tgt_vocab: int, arch: str = "encdec") -> ModelConfig:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    presets = RNNSEARCH_PRESETS if arch == "rnnsearch" else PRESETS
-    p = {k: v for k, v in presets[name].items() if k != "vocab"}
-    return ModelConfig(arch=arch, src_vocab=src_vocab, tgt_vocab=tgt_vocab, **p)
+from .modelbase import ModelConfig, OutputLayer, PhraseModel, prev_embeddings
 
 
 class Encoder(nn.Module):
@@ -119,7 +70,10 @@ class DecoderContext(NamedTuple):
 
 
 class Decoder(nn.Module):
-    """Generates y_1..y_T conditioned on c (Appendix A.1.2)."""
+    """Generates y_1..y_T conditioned on c, up to the maxout layer (Appendix A.1.2).
+
+    The output matrix G = G_l G_r is the model's `output` (modelbase.OutputLayer).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -132,17 +86,10 @@ class Decoder(nn.Module):
         self.O_h = nn.Linear(H, 2 * M)  # s' = O_h h'_t
         self.O_y = nn.Linear(E, 2 * M, bias=False)  #      + O_y e(y_{t-1})
         self.O_c = nn.Linear(H, 2 * M, bias=False)  #      + O_c c
-        self.G_r = nn.Linear(M, cfg.out_rank, bias=False)  # G = G_l G_r, rank 100
-        self.G_l = nn.Linear(cfg.out_rank, cfg.tgt_vocab)
         self.hidden, self.maxout = H, M
 
     def context(self, c: torch.Tensor) -> DecoderContext:
         return DecoderContext(torch.tanh(self.V(c)), self.C(c), self.O_c(c))
-
-    def prev_embeddings(self, tgt: torch.Tensor) -> torch.Tensor:
-        """e(y_{t-1}) for t = 1..T, with e(y_0) = 0."""
-        e = self.embed(tgt[:, :-1])
-        return torch.cat([e.new_zeros(e.shape[0], 1, e.shape[2]), e], dim=1)
 
     def step(self, x: torch.Tensor, h: torch.Tensor, Cc: torch.Tensor) -> torch.Tensor:
         """One GRU step. x = W' e(y_{t-1}) [B, 3H], h = h'_{t-1}, Cc = C c -> h'_t."""
@@ -158,12 +105,9 @@ class Decoder(nn.Module):
         s = self.O_h(h) + self.O_y(e_prev) + Oc
         return s.view(*s.shape[:-1], self.maxout, 2).amax(dim=-1)  # s_i = max(s'_{2i-1}, s'_{2i})
 
-    def logits(self, s: torch.Tensor) -> torch.Tensor:
-        return self.G_l(self.G_r(s))  # g_j^T s_t for every target word j
-
     def forward(self, ctx: DecoderContext, tgt: torch.Tensor) -> torch.Tensor:
         """Teacher-forced maxout outputs s_t for every step: tgt [B, T] -> [B, T, M]."""
-        e_prev = self.prev_embeddings(tgt)
+        e_prev = prev_embeddings(self.embed, tgt)  # e(y_{t-1}), e(y_0) = 0
         x = self.W(e_prev)
         h = ctx.h0
         states = []
@@ -174,30 +118,9 @@ class Decoder(nn.Module):
         return self.readout(hs, e_prev, ctx.Oc[:, None, :])
 
 
-def token_log_probs(decoder: Decoder, s: torch.Tensor, y: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
-    """log p(y_n | ...) for flat maxout outputs s [N, M] and words y [N].
+class EncoderDecoder(PhraseModel):
+    """Cho et al.'s RNN Encoder-Decoder behind the `PhraseModel` interface."""
 
-    The softmax runs over the whole target shortlist, `chunk` rows at a time
-    so memory stays bounded for large scoring batches. Without autograd the
-    normaliser is computed in place (max, exp, sum on the logits buffer),
-    about three times faster on CPU than torch.logsumexp; with autograd the
-    same quantity comes from the fused cross-entropy.
-    """
-    out = []
-    for i in range(0, s.shape[0], chunk):
-        logits = decoder.logits(s[i : i + chunk])
-        yi = y[i : i + chunk]
-        if torch.is_grad_enabled():
-            out.append(-F.cross_entropy(logits, yi, reduction="none"))
-            continue
-        picked = logits.gather(1, yi[:, None]).squeeze(1)
-        m = logits.amax(dim=1, keepdim=True)
-        log_z = logits.sub_(m).exp_().sum(dim=1).log_().add_(m.squeeze(1))
-        out.append(picked - log_z)
-    return torch.cat(out) if out else s.new_zeros(0)
-
-
-class EncoderDecoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.arch != "encdec":
@@ -205,6 +128,7 @@ class EncoderDecoder(nn.Module):
         self.config = cfg
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
+        self.output = OutputLayer(cfg.maxout, cfg.tgt_vocab, cfg.out_rank)  # G = G_l G_r, rank 100
 
     def init_weights(self) -> None:
         """N(0, 0.01) for every weight, orthogonal recurrent matrices, zero biases (Appendix A.2)."""
@@ -223,6 +147,16 @@ class EncoderDecoder(nn.Module):
     def context(self, src: torch.Tensor, src_mask: torch.Tensor) -> DecoderContext:
         return self.decoder.context(self.encoder(src, src_mask))
 
+    def phrase_vector(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """The summary c = tanh(V h_N) [B, H] (Appendix A.1.1)."""
+        return self.encoder(src, src_mask)
+
+    def source_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed
+
+    def target_embeddings(self) -> nn.Embedding:
+        return self.decoder.embed
+
     def start_state(self, ctx: DecoderContext) -> torch.Tensor:
         return ctx.h0  # h'_0 = tanh(V' c)
 
@@ -230,21 +164,11 @@ class EncoderDecoder(nn.Module):
         """One decoding step: (logits of y_t, h'_t) from h'_{t-1} and e(y_{t-1}) (zeros for t = 1)."""
         d = self.decoder
         h = d.step(d.W(e_prev), h, ctx.Cc)
-        return d.logits(d.readout(h, e_prev, ctx.Oc)), h
+        return self.output.logits(d.readout(h, e_prev, ctx.Oc)), h
 
-    def log_prob(self, ctx: DecoderContext, tgt: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
-        """Sum of log p(y_t | y_<t, c) over the masked positions of each row: [B].
-
-        `tgt` holds the target words followed by the end-of-phrase symbol.
-        """
-        s = self.decoder(ctx, tgt)
-        flat = token_log_probs(self.decoder, s[tgt_mask], tgt[tgt_mask])
-        out = s.new_zeros(tgt.shape[0])
-        rows = torch.arange(tgt.shape[0], device=tgt.device)[:, None].expand_as(tgt)[tgt_mask]
-        return out.index_add_(0, rows, flat)
-
-    def forward(self, src, src_mask, tgt, tgt_mask) -> torch.Tensor:
-        return self.log_prob(self.context(src, src_mask), tgt, tgt_mask)
+    def readout_states(self, ctx: DecoderContext, tgt: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced maxout outputs s_t [B, T, M]; `tgt` holds the target words then </s>."""
+        return self.decoder(ctx, tgt)
 
     def flops_per_pair(self, src_len: float, tgt_len: float) -> float:
         """Multiply-adds x 2 of one forward pass, for the efficiency benchmark."""
@@ -254,18 +178,3 @@ class EncoderDecoder(nn.Module):
         ctx = H * H + 3 * H * H + H * 2 * M
         dec = tgt_len * (E * 3 * H + 3 * H * H + H * 2 * M + E * 2 * M + M * R + R * V)
         return 2.0 * (enc + ctx + dec)
-
-
-def build_model(cfg: ModelConfig) -> nn.Module:
-    if cfg.arch == "encdec":
-        return EncoderDecoder(cfg)
-    if cfg.arch == "rnnsearch":
-        from .rnnsearch import RNNSearch  # imports this module; built on demand
-
-        return RNNSearch(cfg)
-    raise ValueError(f"unknown architecture {cfg.arch!r}")
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-

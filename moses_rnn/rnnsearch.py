@@ -4,16 +4,23 @@
 Section 3 and Appendix A. Equation references are to Appendix A:
 
     encoder   bidirectional GRU; annotation h_j = [h->_j ; h<-_j]     (A.2.1)
+              h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h~_j,  h~_j = tanh(W E x_j + U [r_j ∘ h_{j-1}])
     alignment e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)                (A.1.2)
               alpha_ij = softmax_j(e_ij);  c_i = sum_j alpha_ij h_j
-    decoder   GRU with inputs E y_{i-1}, s_{i-1} and c_i              (A.2.2)
-              s_0 = tanh(W_s h<-_1)
+    decoder   s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s~_i                  (A.2.2)
+              s~_i = tanh(W E y_{i-1} + U [r_i ∘ s_{i-1}] + C c_i),  s_0 = tanh(W_s h<-_1)
     output    t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i, maxout t_i,
               p(y_i | ...) ∝ exp(y_i^T W_o t_i)
 
-The model offers the same interface as `EncoderDecoder` (`context`,
-`log_prob`, `forward`, `init_weights`, `config`), so training, table scoring,
-sampling and beam search run it unchanged.
+Two GRU conventions differ from the encoder-decoder's (model.py): z weighs
+the new state h~ here, the old one in Cho et al.'s Eq. 7; and the decoder's
+reset gate multiplies s_{i-1} before U, where Cho et al.'s decoder applies it
+to [U' h'_{t-1} + C c]. tests/test_rnnsearch.py checks the model against a
+word-by-word transcription of these equations.
+
+It implements `modelbase.PhraseModel`, as the encoder-decoder does, so
+training, table scoring, sampling and beam search run it unchanged; its
+output layer W_o is `modelbase.OutputLayer`, the encoder-decoder's too.
 
 Deviations, all deliberate:
 - As in model.py, every affine map applied to an input carries a bias; the
@@ -26,6 +33,7 @@ Deviations, all deliberate:
 - W_o is factored as G_l G_r when `out_rank` < `maxout` (the low-rank output
   matrix of the encoder-decoder); at `out_rank` >= `maxout` it is the
   paper's single full matrix.
+- E y_0 = 0 (the paper leaves y_0 unstated), as for the encoder-decoder.
 - Vocabulary sizes follow the encoder-decoder presets (15,000-word
   shortlists) so both models score the same phrase tables; the paper used
   30,000 words for whole sentences.
@@ -40,7 +48,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model import ModelConfig, token_log_probs
+from .modelbase import ModelConfig, OutputLayer, PhraseModel, prev_embeddings
 
 
 class GRULayer(nn.Module):
@@ -101,7 +109,10 @@ class AttentionContext(NamedTuple):
 
 
 class AttentionDecoder(nn.Module):
-    """The decoder with the alignment model (A.2.2) and the maxout output layer."""
+    """The decoder with the alignment model (A.2.2), up to the maxout layer t_i.
+
+    The output matrix W_o is the model's `output` (modelbase.OutputLayer).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -120,16 +131,7 @@ class AttentionDecoder(nn.Module):
         self.U_o = nn.Linear(H, 2 * M)
         self.V_o = nn.Linear(E, 2 * M, bias=False)
         self.C_o = nn.Linear(2 * H, 2 * M, bias=False)
-        if cfg.out_rank < M:
-            self.W_o = nn.Sequential(nn.Linear(M, cfg.out_rank, bias=False), nn.Linear(cfg.out_rank, cfg.tgt_vocab))
-        else:
-            self.W_o = nn.Linear(M, cfg.tgt_vocab)
         self.hidden, self.maxout = H, M
-
-    def prev_embeddings(self, tgt: torch.Tensor) -> torch.Tensor:
-        """E y_{i-1} for i = 1..T, with E y_0 = 0."""
-        e = self.embed(tgt[:, :-1])
-        return torch.cat([e.new_zeros(e.shape[0], 1, e.shape[2]), e], dim=1)
 
     def attend(self, ctx: AttentionContext, s_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """alpha_i [B, T] and c_i [B, 2H] from s_{i-1} [B, H] (A.1.2)."""
@@ -142,29 +144,26 @@ class AttentionDecoder(nn.Module):
     def gru(self, x: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """s_i from x = W E y_{i-1} [B, 3H], s = s_{i-1}, c = c_i (A.2.2)."""
         H = self.hidden
-        u, cc = self.U(s), self.C(c)
-        z = torch.sigmoid(x[:, H : 2 * H] + u[:, H : 2 * H] + cc[:, H : 2 * H])  # z_i
-        r = torch.sigmoid(x[:, 2 * H :] + u[:, 2 * H :] + cc[:, 2 * H :])  # r_i
-        s_tilde = torch.tanh(x[:, :H] + r * u[:, :H] + cc[:, :H])  # tanh(W E y + U [r ∘ s] + C c)
-        return (1.0 - z) * s + z * s_tilde
+        U, U_zr = self.U.weight[:H], self.U.weight[H:]  # U, [U_z; U_r]
+        u, cc = F.linear(s, U_zr), self.C(c)
+        z = torch.sigmoid(x[:, H : 2 * H] + u[:, :H] + cc[:, H : 2 * H])  # z_i
+        r = torch.sigmoid(x[:, 2 * H :] + u[:, H:] + cc[:, 2 * H :])  # r_i
+        s_tilde = torch.tanh(x[:, :H] + F.linear(r * s, U) + cc[:, :H])  # tanh(W E y + U [r ∘ s] + C c)
+        return (1.0 - z) * s + z * s_tilde  # s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s~_i
 
     def readout(self, s_prev: torch.Tensor, e_prev: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """Maxout t_i from s_{i-1}, E y_{i-1}, c_i; any leading shape."""
         t = self.U_o(s_prev) + self.V_o(e_prev) + self.C_o(c)
         return t.view(*t.shape[:-1], self.maxout, 2).amax(dim=-1)  # t_i,k = max(t~_i,2k-1, t~_i,2k)
 
-    def logits(self, t: torch.Tensor) -> torch.Tensor:
-        return self.W_o(t)  # y^T W_o t_i for every target word y
-
     def step(self, ctx: AttentionContext, s_prev: torch.Tensor, e_prev: torch.Tensor):
-        """One decoding step: (logits of y_i [B, V], s_i, alpha_i) from s_{i-1} and E y_{i-1}."""
+        """One decoding step: (maxout t_i [B, M], s_i, alpha_i) from s_{i-1} and E y_{i-1}."""
         alpha, c = self.attend(ctx, s_prev)
-        logits = self.logits(self.readout(s_prev, e_prev, c))
-        return logits, self.gru(self.W(e_prev), s_prev, c), alpha
+        return self.readout(s_prev, e_prev, c), self.gru(self.W(e_prev), s_prev, c), alpha
 
     def forward(self, ctx: AttentionContext, tgt: torch.Tensor):
         """Teacher-forced maxout outputs t_i [B, T, M] and alignments alpha [B, T, T_src]."""
-        e_prev = self.prev_embeddings(tgt)
+        e_prev = prev_embeddings(self.embed, tgt)  # E y_{i-1}, E y_0 = 0
         x = self.W(e_prev)
         s = ctx.s0
         states, contexts, alphas = [], [], []
@@ -178,7 +177,11 @@ class AttentionDecoder(nn.Module):
         return t, torch.stack(alphas, 1)
 
 
-class RNNSearch(nn.Module):
+class RNNSearch(PhraseModel):
+    """Bahdanau et al.'s RNNsearch behind the `PhraseModel` interface."""
+
+    has_attention = True
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.arch != "rnnsearch":
@@ -188,6 +191,8 @@ class RNNSearch(nn.Module):
         self.fwd = GRULayer(cfg.embed, cfg.hidden)
         self.bwd = GRULayer(cfg.embed, cfg.hidden)
         self.decoder = AttentionDecoder(cfg)
+        # p(y_i | ...) ∝ exp(y_i^T W_o t_i); W_o = G_l G_r below full rank
+        self.output = OutputLayer(cfg.maxout, cfg.tgt_vocab, cfg.out_rank if cfg.out_rank < cfg.maxout else None)
 
     def init_weights(self) -> None:
         """Appendix B.1 of Bahdanau et al.: orthogonal recurrent matrices, N(0, 0.001^2) for
@@ -228,23 +233,23 @@ class RNNSearch(nn.Module):
         last = src_mask.sum(1) - 1
         return torch.cat([fwd[torch.arange(src.shape[0]), last], bwd[:, 0]], dim=-1)
 
+    def source_embeddings(self) -> nn.Embedding:
+        return self.src_embed
+
+    def target_embeddings(self) -> nn.Embedding:
+        return self.decoder.embed
+
     def start_state(self, ctx: AttentionContext) -> torch.Tensor:
         return ctx.s0
 
     def step(self, ctx: AttentionContext, state: torch.Tensor, e_prev: torch.Tensor):
-        """Generation step: (logits of the next word, next state) from the state and E y_{i-1}."""
-        logits, state, _ = self.decoder.step(ctx, state, e_prev)
-        return logits, state
+        """Generation step: (logits of y_i, s_i) from s_{i-1} and E y_{i-1} (zeros for i = 1)."""
+        t, state, _ = self.decoder.step(ctx, state, e_prev)
+        return self.output.logits(t), state
 
-    def log_prob(self, ctx: AttentionContext, tgt: torch.Tensor, tgt_mask: torch.Tensor) -> torch.Tensor:
-        """Sum of log p(y_i | y_<i, x) over the masked positions of each row: [B]."""
-        t, _ = self.decoder(ctx, tgt)
-        flat = token_log_probs(self.decoder, t[tgt_mask], tgt[tgt_mask])
-        rows = torch.arange(tgt.shape[0], device=tgt.device)[:, None].expand_as(tgt)[tgt_mask]
-        return t.new_zeros(tgt.shape[0]).index_add_(0, rows, flat)
-
-    def forward(self, src, src_mask, tgt, tgt_mask) -> torch.Tensor:
-        return self.log_prob(self.context(src, src_mask), tgt, tgt_mask)
+    def readout_states(self, ctx: AttentionContext, tgt: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced maxout outputs t_i [B, T, M]; `tgt` holds the target words then </s>."""
+        return self.decoder(ctx, tgt)[0]
 
     @torch.no_grad()
     def alignment(self, src: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:

@@ -82,7 +82,7 @@ def test_word_map_and_vector_export(tiny_model, tmp_path):
     vecs = np.loadtxt(f"{prefix}.vectors.tsv", delimiter="\t")
     labels = open(f"{prefix}.labels.tsv", encoding="utf-8").read().splitlines()
     assert vecs.shape == (20, loaded.config.embed) and len(labels) == 20
-    assert np.allclose(vecs[0], loaded.model.encoder.embed.weight[loaded.src_vocab.index[labels[0]]].detach(),
+    assert np.allclose(vecs[0], loaded.model.source_embeddings().weight[loaded.src_vocab.index[labels[0]]].detach(),
                        atol=1e-5)
 
 

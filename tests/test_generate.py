@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from moses_rnn.cli import main
 from moses_rnn.generate import Generator, max_words, read_sources
-from moses_rnn.model import ModelConfig, build_model
-from moses_rnn.modelio import LoadedModel
+from moses_rnn.modelbase import ModelConfig
+from moses_rnn.modelio import LoadedModel, build_model
 from moses_rnn.score import PhraseScorer
 from moses_rnn.textio import InputError
 from moses_rnn.vocab import Vocabulary
@@ -24,7 +24,8 @@ WORDS = ["</s>", "[UNK]", "a", "b", "c", "d"]
 def random_loaded(arch: str, seed: int = 0, std: float = 0.4) -> LoadedModel:
     torch.manual_seed(seed)
     V = len(WORDS)
-    cfg = ModelConfig(arch=arch, src_vocab=V, tgt_vocab=V, embed=6, hidden=10, maxout=5, out_rank=4, align=8)
+    cfg = ModelConfig(arch=arch, src_vocab=V, tgt_vocab=V, embed=6, hidden=10, maxout=5, out_rank=4,
+                      align=8 if arch == "rnnsearch" else 0)
     model = build_model(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -64,14 +65,16 @@ def test_sampling_without_unk_and_length_limit():
 
 
 def greedy(gen: Generator, source: str, limit: int) -> list[str]:
-    """Plain argmax decoding, one word at a time."""
-    ctx, _ = gen._encode([source])
-    state = gen.stepper.start_state(ctx)
-    e_prev = gen.embed.weight.new_zeros(1, gen.embed.embedding_dim)
+    """Plain argmax decoding, one word at a time, through the model's own step interface."""
+    model, embed = gen.model, gen.model.target_embeddings()
+    src = torch.tensor([gen.src_vocab.encode(source.split())])
     words = []
     with torch.no_grad():
+        ctx = model.context(src, torch.ones_like(src, dtype=torch.bool))
+        state = model.start_state(ctx)
+        e_prev = embed.weight.new_zeros(1, embed.embedding_dim)  # e(y_0) = 0
         for t in range(limit + 1):
-            logits, state = gen.stepper.step(ctx, state, e_prev)
+            logits, state = model.step(ctx, state, e_prev)
             if t == 0:
                 logits[0, gen.eos] = -math.inf
             if t == limit:
@@ -80,7 +83,7 @@ def greedy(gen: Generator, source: str, limit: int) -> list[str]:
             if y == gen.eos:
                 break
             words.append(WORDS[y])
-            e_prev = gen.embed(torch.tensor([y]))
+            e_prev = embed(torch.tensor([y]))
     return words
 
 

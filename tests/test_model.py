@@ -1,8 +1,16 @@
-"""The model's equations, checked against a direct transcription of the paper."""
+"""The encoder-decoder's equations, checked against a direct transcription of the paper;
+the interface both architectures share (modelbase.PhraseModel)."""
 
+import json
+
+import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from moses_rnn.model import EncoderDecoder, ModelConfig
+from moses_rnn.model import EncoderDecoder
+from moses_rnn.modelbase import PRESETS, RNNSEARCH_PRESETS, ModelConfig, PhraseModel, preset_config
+from moses_rnn.modelio import ARCHITECTURES, build_model, load_model, save_model, save_vocabularies
+from moses_rnn.vocab import Vocabulary
 
 
 def small_model(seed=0):
@@ -18,7 +26,7 @@ def small_model(seed=0):
 @torch.no_grad()
 def reference_log_prob(m, x, y):
     """Eqs. 5-8 and Appendix A of Cho et al. (2014), one word at a time."""
-    e, d, H = m.encoder, m.decoder, m.config.hidden
+    e, d, G, H = m.encoder, m.decoder, m.output, m.config.hidden
     sig, tanh = torch.sigmoid, torch.tanh
     W, Wz, Wr = e.W.weight.split(H)
     bW, bz, br = e.W.bias.split(H)
@@ -45,7 +53,7 @@ def reference_log_prob(m, x, y):
         hd = z * hd + (1 - z) * h_tilde
         s_ = d.O_h.weight @ hd + d.O_h.bias + d.O_y.weight @ prev + d.O_c.weight @ c
         s = torch.maximum(s_[0::2], s_[1::2])  # maxout over adjacent pairs
-        logits = d.G_l.weight @ (d.G_r.weight @ s) + d.G_l.bias
+        logits = G.G_l.weight @ (G.G_r.weight @ s) + G.G_l.bias  # G = G_l G_r
         total += float(torch.log_softmax(logits, 0)[w])
         prev = d.embed.weight[w]
     return total
@@ -84,6 +92,116 @@ def test_init_follows_supplementary_material():
     for k in range(3):  # each recurrent gate block is orthogonal
         block = U[k * 40 : (k + 1) * 40]
         assert torch.allclose(block @ block.T, torch.eye(40), atol=1e-5)
-    w = m.decoder.G_l.weight.detach()
+    w = m.output.G_l.weight.detach()
     assert abs(float(w.std()) - 0.01) < 0.001 and abs(float(w.mean())) < 0.001
     assert float(m.encoder.W.bias.detach().abs().max()) == 0.0
+
+
+# -- the interface both architectures share -------------------------------------
+
+
+def random_model(arch: str, out_rank: int = 3, seed: int = 0) -> PhraseModel:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(arch=arch, src_vocab=11, tgt_vocab=13, embed=4, hidden=6, maxout=5, out_rank=out_rank,
+                      align=7 if arch == "rnnsearch" else 0)
+    m = build_model(cfg)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.5)
+    return m.eval()
+
+
+ARCH_RANKS = [("encdec", 3), ("encdec", 8), ("rnnsearch", 3), ("rnnsearch", 8)]
+
+
+def test_every_architecture_is_built_and_presets_cover_the_same_names():
+    assert set(ARCHITECTURES) == {"encdec", "rnnsearch"}
+    assert set(PRESETS) == set(RNNSEARCH_PRESETS)
+    for arch, cls in ARCHITECTURES.items():
+        for name in PRESETS:
+            assert type(build_model(preset_config(name, 40, 50, arch))) is cls
+    with pytest.raises(ValueError):
+        ModelConfig(arch="encdec", align=8)  # an RNNsearch size in an encdec config
+    with pytest.raises(ValueError):
+        ModelConfig(arch="transformer")
+    with pytest.raises(ValueError):
+        preset_config("huge")
+
+
+@pytest.mark.parametrize("arch,out_rank", ARCH_RANKS)
+def test_teacher_forcing_equals_stepping(arch, out_rank):
+    """readout_states + output (training, scoring) and step (generation, prefix-tree scoring) agree."""
+    m = random_model(arch, out_rank)
+    src = torch.tensor([[3, 5, 7, 2], [4, 1, 0, 0]])
+    tgt = torch.tensor([[4, 9, 0], [2, 6, 0]])
+    with torch.no_grad():
+        ctx = m.context(src, src != 0)
+        s = m.readout_states(ctx, tgt)
+        assert s.shape == (2, 3, m.config.maxout)
+        forced = torch.log_softmax(m.output.logits(s), -1)
+        embed = m.target_embeddings()
+        state, e_prev = m.start_state(ctx), embed.weight.new_zeros(2, m.config.embed)
+        for t in range(tgt.shape[1]):
+            logits, state = m.step(ctx, state, e_prev)
+            assert torch.allclose(torch.log_softmax(logits, -1), forced[:, t], atol=1e-6)
+            e_prev = embed(tgt[:, t])
+        want = forced.gather(2, tgt[:, :, None]).squeeze(2).sum(1)
+        assert torch.allclose(m.log_prob(ctx, tgt, torch.ones_like(tgt, dtype=torch.bool)), want, atol=1e-6)
+        flat = m.output.log_probs(s.reshape(-1, m.config.maxout), tgt.reshape(-1))
+        assert torch.allclose(flat, forced.gather(2, tgt[:, :, None]).reshape(-1), atol=1e-6)
+
+
+@pytest.mark.parametrize("arch,out_rank", ARCH_RANKS)
+def test_output_layer_factors(arch, out_rank):
+    """G_l holds one row and bias per target word; G_r projects to the rank, or is the identity."""
+    m = random_model(arch, out_rank)
+    V, M = m.config.tgt_vocab, m.config.maxout
+    full = arch == "rnnsearch" and out_rank >= M  # RNNsearch's full W_o; the encdec always factors G
+    assert m.output.G_l.weight.shape == (V, M if full else out_rank) and m.output.G_l.bias.shape == (V,)
+    assert isinstance(m.output.G_r, torch.nn.Identity) == full
+    s, rows = torch.randn(2, 3, M), torch.tensor([7, 0, 12])
+    assert torch.allclose(m.output.logits(s, rows=rows), m.output.logits(s)[..., rows], atol=1e-6)
+    assert [n for n, _ in m.named_parameters()][-len(list(m.output.parameters())) :] == [
+        "output." + n for n, _ in m.output.named_parameters()]  # last, where saved optimiser states expect them
+
+
+def test_only_attention_models_align():
+    src, tgt = torch.tensor([[3, 5]]), torch.tensor([[4, 0]])
+    assert random_model("rnnsearch").has_attention
+    assert random_model("rnnsearch").alignment(src, src != 0, tgt).shape == (1, 2, 2)
+    encdec = random_model("encdec")
+    assert not encdec.has_attention
+    with pytest.raises(ValueError, match="no attention"):
+        encdec.alignment(src, src != 0, tgt)
+
+
+# Parameter names written before the output layer moved to `output` (new -> old).
+LEGACY_NAMES = {
+    ("encdec", 3): {"output.G_r.weight": "decoder.G_r.weight", "output.G_l.weight": "decoder.G_l.weight",
+                    "output.G_l.bias": "decoder.G_l.bias"},
+    ("rnnsearch", 3): {"output.G_r.weight": "decoder.W_o.0.weight", "output.G_l.weight": "decoder.W_o.1.weight",
+                       "output.G_l.bias": "decoder.W_o.1.bias"},
+    ("rnnsearch", 8): {"output.G_l.weight": "decoder.W_o.weight", "output.G_l.bias": "decoder.W_o.bias"},
+}
+
+
+@pytest.mark.parametrize("arch,out_rank", sorted(LEGACY_NAMES))
+def test_model_directories_with_legacy_names_still_load(arch, out_rank, tmp_path):
+    m = random_model(arch, out_rank)
+    rename = LEGACY_NAMES[arch, out_rank]
+    assert set(rename) == {k for k in m.state_dict() if k.startswith("output.")}
+    vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(9)])
+    tvocab = Vocabulary(["</s>", "[UNK]"] + [f"v{i}" for i in range(11)])
+    save_vocabularies(str(tmp_path), vocab, tvocab)
+    save_model(str(tmp_path), m)
+    # rewrite the directory as the code before the move wrote it: old names, config with align 0
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    save_file({rename.get(k, k): v for k, v in weights.items()}, str(tmp_path / "model.safetensors"))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model"]["align"] == (7 if arch == "rnnsearch" else 0)
+    loaded = load_model(str(tmp_path))
+    src, tgt = torch.tensor([[3, 5, 7]]), torch.tensor([[4, 9, 0]])
+    ones = torch.ones_like
+    with torch.no_grad():
+        assert torch.equal(loaded.model(src, ones(src, dtype=torch.bool), tgt, ones(tgt, dtype=torch.bool)),
+                           m(src, ones(src, dtype=torch.bool), tgt, ones(tgt, dtype=torch.bool)))

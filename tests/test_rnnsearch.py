@@ -1,4 +1,5 @@
-"""RNNsearch (Bahdanau et al., 2015): attention, padding invariance, learning, and the shared tools."""
+"""RNNsearch (Bahdanau et al., 2015): the appendix equations, attention, padding invariance, learning,
+and the shared tools."""
 
 from __future__ import annotations
 
@@ -11,23 +12,98 @@ from click.testing import CliRunner
 
 from moses_rnn.cli import main
 from moses_rnn.generate import Generator
-from moses_rnn.model import ModelConfig, build_model, preset_config
-from moses_rnn.modelio import LoadedModel, load_model
+from moses_rnn.modelbase import ModelConfig, preset_config, preset_vocab
+from moses_rnn.modelio import LoadedModel, build_model, load_model
 from moses_rnn.rnnsearch import AttentionContext, RNNSearch
 from moses_rnn.score import PhraseScorer, score_table
 from moses_rnn.train import TrainConfig, train
 from moses_rnn.vocab import Vocabulary
 
 
-def small_model(seed: int = 0, V: int = 12, std: float = 0.5) -> RNNSearch:
+def small_model(seed: int = 0, V: int = 12, std: float = 0.5, out_rank: int = 4) -> RNNSearch:
     """A random model with weights large enough for peaked attention and outputs."""
     torch.manual_seed(seed)
-    cfg = ModelConfig(arch="rnnsearch", src_vocab=V, tgt_vocab=V, embed=8, hidden=12, maxout=6, out_rank=4, align=10)
+    cfg = ModelConfig(arch="rnnsearch", src_vocab=V, tgt_vocab=V, embed=8, hidden=12, maxout=6, out_rank=out_rank,
+                      align=10)
     model = build_model(cfg)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, std)
     return model.eval()
+
+
+@torch.no_grad()
+def reference_log_prob(m: RNNSearch, x: list[int], y: list[int]) -> float:
+    """log p(y | x) by Appendix A of Bahdanau et al. (2015), one word at a time, from m's weights.
+
+    Biases are the model's deliberate addition to every input map; E y_0 = 0.
+    """
+    H, sig, tanh = m.config.hidden, torch.sigmoid, torch.tanh
+
+    def gru_direction(layer, words):  # A.2.1, one direction of the encoder
+        W, Wz, Wr = layer.W.weight.split(H)
+        bW, bz, br = layer.W.bias.split(H)
+        Uz, Ur = layer.U_zr.weight.split(H)
+        U = layer.U.weight
+        h, states = torch.zeros(H), []  # h_0 = 0
+        for w in words:
+            Ex = m.src_embed.weight[w]  # E x_j
+            z = sig(Wz @ Ex + bz + Uz @ h)  # z_j
+            r = sig(Wr @ Ex + br + Ur @ h)  # r_j
+            h_tilde = tanh(W @ Ex + bW + U @ (r * h))  # h~_j = tanh(W E x_j + U [r_j ∘ h_{j-1}])
+            h = (1 - z) * h + z * h_tilde  # h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h~_j (not Cho et al.'s Eq. 7)
+            states.append(h)
+        return states
+
+    fwd = gru_direction(m.fwd, x)  # h->_1 .. h->_Tx
+    bwd = gru_direction(m.bwd, x[::-1])[::-1]  # h<-_1 .. h<-_Tx (read from x_Tx back to x_1)
+    annotations = [torch.cat([f, b]) for f, b in zip(fwd, bwd)]  # h_j = [h->_j ; h<-_j]
+
+    d, out = m.decoder, m.output
+    W, Wz, Wr = d.W.weight.split(H)
+    bW, bz, br = d.W.bias.split(H)
+    U, Uz, Ur = d.U.weight.split(H)
+    C, Cz, Cr = d.C.weight.split(H)
+    if isinstance(out.G_r, torch.nn.Linear):  # W_o = G_l G_r below full rank
+        W_o = out.G_l.weight @ out.G_r.weight
+    else:
+        W_o = out.G_l.weight
+    s = tanh(d.W_s.weight @ bwd[0] + d.W_s.bias)  # s_0 = tanh(W_s h<-_1)
+    Ey = torch.zeros(m.config.embed)  # E y_0 = 0
+    total = 0.0
+    for w in y:
+        # alignment model (A.1.2): e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j), alpha = softmax, c_i = sum alpha h
+        e = [float(d.v_a.weight[0] @ tanh(d.W_a.weight @ s + d.W_a.bias + d.U_a.weight @ h_j)) for h_j in annotations]
+        Z = sum(math.exp(e_k) for e_k in e)
+        alpha = [math.exp(e_j) / Z for e_j in e]
+        c = sum(a * h_j for a, h_j in zip(alpha, annotations))
+        # output (A.2.2): t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i, t_i,k = max(t~_i,2k-1, t~_i,2k)
+        t_tilde = d.U_o.weight @ s + d.U_o.bias + d.V_o.weight @ Ey + d.C_o.weight @ c
+        t = torch.maximum(t_tilde[0::2], t_tilde[1::2])
+        logits = W_o @ t + out.G_l.bias  # p(y_i | ...) ∝ exp(y_i^T W_o t_i)
+        total += float(logits[w] - torch.logsumexp(logits, 0))
+        # decoder GRU (A.2.2)
+        z = sig(Wz @ Ey + bz + Uz @ s + Cz @ c)  # z_i
+        r = sig(Wr @ Ey + br + Ur @ s + Cr @ c)  # r_i
+        s_tilde = tanh(W @ Ey + bW + U @ (r * s) + C @ c)  # s~_i = tanh(W E y_{i-1} + U [r_i ∘ s_{i-1}] + C c_i)
+        s = (1 - z) * s + z * s_tilde  # s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s~_i
+        Ey = d.embed.weight[w]
+    return total
+
+
+@pytest.mark.parametrize("out_rank", [4, 6])  # low-rank W_o = G_l G_r, and the paper's full W_o
+def test_matches_paper_equations(out_rank):
+    m = small_model(out_rank=out_rank)
+    pairs = [([3, 5, 7, 2], [4, 9, 0]), ([6], [2, 8, 11, 5, 0]), ([4, 4], [3, 0])]
+    S, T = max(len(s) for s, _ in pairs), max(len(t) for _, t in pairs)
+    src = torch.tensor([s + [0] * (S - len(s)) for s, _ in pairs])
+    tgt = torch.tensor([t + [0] * (T - len(t)) for _, t in pairs])
+    smask = torch.tensor([[i < len(s) for i in range(S)] for s, _ in pairs])
+    tmask = torch.tensor([[i < len(t) for i in range(T)] for _, t in pairs])
+    with torch.no_grad():
+        got = m(src, smask, tgt, tmask).tolist()
+    for lp, (s, t) in zip(got, pairs):
+        assert lp == pytest.approx(reference_log_prob(m, s, t), abs=1e-5)
 
 
 def padded_batch(rows: list[list[int]]):
@@ -40,6 +116,9 @@ def padded_batch(rows: list[list[int]]):
 def test_presets_and_dispatch():
     cfg = preset_config("paper", 15000, 15000, arch="rnnsearch")
     assert (cfg.embed, cfg.hidden, cfg.align, cfg.maxout) == (620, 1000, 1000, 500)
+    tiny = preset_config("tiny", arch="rnnsearch")  # each architecture's own shortlists
+    assert (tiny.src_vocab, tiny.tgt_vocab) == (preset_vocab("tiny", "rnnsearch"), 2000)
+    assert preset_config("tiny").src_vocab == preset_vocab("tiny") == 256
     assert isinstance(build_model(preset_config("tiny", 30, 30, arch="rnnsearch")), RNNSearch)
     with pytest.raises(ValueError):
         RNNSearch(preset_config("tiny", 30, 30))  # an encdec config

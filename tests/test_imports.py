@@ -1,0 +1,110 @@
+"""Imports inside the project flow one way: the graph of moses_rnn and cslm modules has no cycle.
+
+Every `import` and `from ... import` counts, at module level or inside a
+function (a function-level import only hides a cycle until the call).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("moses_rnn", "cslm")
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the project's packages."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def known(name: str, modules: dict) -> str | None:
+    """The longest prefix of dotted `name` that is a project module (None: not the project's)."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in modules:
+            return prefix
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its body."""
+    modules = project_modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                # `from pkg import sub` imports the submodule pkg.sub when there is one
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+            for t in targets:
+                dep = known(t, modules)
+                if dep is not None and dep != mod:
+                    graph[mod].add(dep)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return path[path.index(d) :] + [d]
+            if d not in state:
+                found = visit(d)
+                if found:
+                    return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_is_read_correctly():
+    """The checker sees module-level, relative, `from . import x` and function-level imports."""
+    g = import_graph()
+    assert "moses_rnn.modelbase" in g["moses_rnn.model"]  # from .modelbase import ...
+    assert {"moses_rnn.model", "moses_rnn.rnnsearch"} <= g["moses_rnn.modelio"]
+    assert "moses_rnn.modelio" in g["moses_rnn.cli"]  # imported inside the commands' functions
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_architectures_build_only_on_the_base_module():
+    """The encoder-decoder and RNNsearch import the shared base, never each other or the tools."""
+    g = import_graph()
+    assert g["moses_rnn.model"] == {"moses_rnn.modelbase"}
+    assert g["moses_rnn.rnnsearch"] == {"moses_rnn.modelbase"}
+    assert g["moses_rnn.modelbase"] == set()
