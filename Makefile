@@ -25,8 +25,9 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q
 
+# every benchmarks/bench_*.py, one summary table; BENCH_ARGS=--quick for small sizes
 bench: install
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf demo .pytest_cache

@@ -17,9 +17,8 @@ import os
 import subprocess
 
 from common import median_time, require_shared, table_slice, untrained_model_dir, workdir
-from moses_rnn.score import PhraseScorer, default_workers, score_table
+from moses_rnn.score import score_table, setup_scoring
 from moses_rnn.textio import atomic_output, open_input
-from moses_rnn.train import configure_threads, resolve_device
 
 
 def main():
@@ -31,13 +30,12 @@ def main():
     tmp = workdir()
     table = table_slice(args.lines, tmp)
     model_dir = untrained_model_dir("tiny", table, tmp)
-    scorer = PhraseScorer.from_dir(model_dir, device="cpu")
-    threads = configure_threads(resolve_device("cpu"), None, scorer.model.config)
-    workers = default_workers(resolve_device("cpu"), scorer.model.config, table)
+    setup = setup_scoring(model_dir, table, device="cpu")  # what `moses-rnn score --device cpu` chooses
+    threads, workers = setup.threads, setup.workers
     out = os.path.join(tmp, "out.gz")
 
     def rewrite():
-        score_table(scorer, table, out, workers=workers, progress=False)
+        score_table(setup.scorer, table, out, workers=workers, progress=False)
 
     def passthrough():
         with open_input(table) as src, atomic_output(out) as dst:

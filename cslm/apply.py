@@ -149,6 +149,8 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
                     k_oov += sum(1 for _, oov in ks if oov)
             sentences += len(win)
             bar.update(len(win))
+    if n_all == 0:  # exp(0) = 1 would read as a perfect model
+        raise InputError(path, None, "no sentences to evaluate (the text is empty)")
     res = {
         "sentences": sentences,
         "tokens": n_all,

@@ -18,17 +18,43 @@ import numpy as np
 from . import protocol as P
 
 
-class ServerError(RuntimeError):
+class ServerError(ConnectionError):
+    """An ERROR reply; the server closes the connection after it."""
+
     def __init__(self, code: int, message: str):
         super().__init__(f"cslm server error {code}: {message}")
         self.code = code
 
 
+class VocabularyMismatch(ConnectionError):
+    """The server's vocabulary is not the one the client expects (another model)."""
+
+
 def parse_address(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"expected HOST:PORT, got {addr!r}")
     return host or "127.0.0.1", int(port)
+
+
+def connect(address: str, model_dir: str | None = None, timeout: float | None = 30.0) -> "Client":
+    """A Client for `cslm serve` at HOST:PORT.
+
+    With `model_dir`, the server must serve that model's vocabulary (compared by
+    checksum in the handshake), so that ids and scores mean what the caller's
+    model directory says.
+    """
+    host, port = parse_address(address)
+    expected = None
+    if model_dir:
+        from . import modeldir
+
+        modeldir.read_config(model_dir)  # a clear error for a directory that is not a CSLM's
+        expected = modeldir.load_vocab(model_dir).checksum()
+    try:
+        return Client(host, port, timeout=timeout, expected_checksum=expected)
+    except VocabularyMismatch as e:
+        raise VocabularyMismatch(f"cslm: {address} serves a different vocabulary than {model_dir} ({e})") from None
 
 
 class Client:
@@ -42,12 +68,20 @@ class Client:
             raise ConnectionError(f"cslm: cannot connect to {host}:{port}: {e}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.where = f"{host}:{port}"
+        self.timeout = timeout
         self.next_id = 1
-        self.info = P.decode_hello_reply(self._request(P.HELLO, P.encode_hello(), P.HELLO | P.REPLY))
+        try:
+            reply = self._request(P.HELLO, P.encode_hello(), P.HELLO | P.REPLY, max_length=P.HELLO_REPLY.size)
+            self.info = P.decode_hello_reply(reply)
+        except (P.ProtocolError, ConnectionError) as e:
+            self.close()
+            if isinstance(e, ServerError):
+                raise
+            raise ConnectionError(f"cslm: {self.where} is not a cslm server, or speaks another protocol ({e})") from None
         if expected_checksum and expected_checksum != self.info["checksum"]:
             self.close()
-            raise ConnectionError(f"cslm: {self.where} serves vocabulary {self.info['checksum']}, "
-                                  f"expected {expected_checksum}")
+            raise VocabularyMismatch(f"cslm: {self.where} serves vocabulary {self.info['checksum']}, "
+                                     f"expected {expected_checksum}")
         self.order = self.info["order"]
 
     def __enter__(self) -> "Client":
@@ -62,18 +96,25 @@ class Client:
     def _recv(self, n: int) -> bytes:
         buf = bytearray()
         while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
+            try:
+                chunk = self.sock.recv(n - len(buf))
+            except socket.timeout:
+                self.close()
+                raise ConnectionError(f"cslm: no reply from {self.where} within {self.timeout} s") from None
             if not chunk:
                 raise ConnectionError(f"cslm: {self.where} closed the connection")
             buf += chunk
         return bytes(buf)
 
-    def _request(self, type_: int, payload: bytes, expect: int) -> bytes:
+    def _request(self, type_: int, payload: bytes, expect: int, max_length: int | None = None) -> bytes:
         rid = self.next_id
         self.next_id = (self.next_id % 0xFFFFFFFF) + 1
         self.sock.sendall(P.frame(type_, rid, payload))
         while True:
             length, rtype, got = P.parse_header(self._recv(P.HEADER_SIZE))
+            if max_length is not None and (rtype not in (expect, P.ERROR)
+                                           or length > (max_length if rtype == expect else 1 << 16)):
+                raise P.ProtocolError(P.E_MALFORMED, f"unexpected reply: type 0x{rtype:02x}, {length} bytes")
             body = self._recv(length)
             if rtype == P.ERROR:
                 self.close()
@@ -102,7 +143,7 @@ class Client:
         return P.decode_ids(self._request(P.LOOKUP, P.encode_lookup(list(words)), P.LOOKUP | P.REPLY))
 
     def vocabulary(self) -> list[str]:
-        return P._decode_lines(self._request(P.VOCAB, b"", P.VOCAB | P.REPLY), "VOCAB")
+        return P.decode_vocab(self._request(P.VOCAB, b"", P.VOCAB | P.REPLY))
 
     def stats(self) -> dict:
         return json.loads(self._request(P.STATS, b"", P.STATS | P.REPLY))

@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from moses_rnn.train import resolve_device
+from moses_rnn.runtime import resolve_device
 from moses_rnn.vocab import BOS, EOS, Vocabulary
 
 from . import modeldir
@@ -56,7 +56,7 @@ class KenLMBackoff:
         try:
             import kenlm
         except ImportError:  # pragma: no cover - depends on the installation
-            raise RuntimeError("back-off mode needs the kenlm package: pip install kenlm") from None
+            raise ImportError("back-off mode needs the kenlm package: pip install kenlm") from None
         self._kenlm = kenlm
         self.path = path
         self.model = kenlm.Model(path)

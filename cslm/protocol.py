@@ -100,14 +100,16 @@ def decode_score(payload: bytes, order: int, vocab_size: int) -> np.ndarray:
     return ids.astype(np.int32)
 
 
-def _encode_lines(items: list[str]) -> bytes:
+def encode_lines(items: list[str]) -> bytes:
+    """A count-prefixed list of newline-free strings (the payload of SCORE_TEXT, LOOKUP, VOCAB replies)."""
     for s in items:
         if "\n" in s:
             raise ValueError(f"text item contains a newline: {s!r}")
     return struct.pack("<I", len(items)) + "\n".join(items).encode("utf-8")
 
 
-def _decode_lines(payload: bytes, what: str) -> list[str]:
+def decode_lines(payload: bytes, what: str) -> list[str]:
+    """The inverse of `encode_lines`; `what` names the frame in errors."""
     if len(payload) < 4:
         raise ProtocolError(E_MALFORMED, f"{what} payload shorter than its 4-byte count")
     (count,) = struct.unpack_from("<I", payload)
@@ -122,11 +124,11 @@ def _decode_lines(payload: bytes, what: str) -> list[str]:
 
 
 def encode_score_text(ngrams: list[str]) -> bytes:
-    return _encode_lines(ngrams)
+    return encode_lines(ngrams)
 
 
 def decode_score_text(payload: bytes, order: int) -> list[list[str]]:
-    grams = [line.split(" ") for line in _decode_lines(payload, "SCORE_TEXT")]
+    grams = [line.split(" ") for line in decode_lines(payload, "SCORE_TEXT")]
     for i, g in enumerate(grams):
         if not 1 <= len(g) <= order or "" in g:
             raise ProtocolError(E_BAD_REQUEST, f"text n-gram {i + 1} must be 1..{order} words separated by single spaces")
@@ -148,11 +150,19 @@ def decode_scores(payload: bytes) -> tuple[np.ndarray, np.ndarray]:
 
 
 def encode_lookup(words: list[str]) -> bytes:
-    return _encode_lines(words)
+    return encode_lines(words)
 
 
 def decode_lookup(payload: bytes) -> list[str]:
-    return _decode_lines(payload, "LOOKUP")
+    return decode_lines(payload, "LOOKUP")
+
+
+def encode_vocab(words: list[str]) -> bytes:
+    return encode_lines(words)
+
+
+def decode_vocab(payload: bytes) -> list[str]:
+    return decode_lines(payload, "VOCAB")
 
 
 def encode_ids(ids: list[int]) -> bytes:

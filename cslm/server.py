@@ -218,7 +218,7 @@ class Server:
         v = engine.vocab
         self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,
                                           self.cfg.max_frame, engine.mode, v.checksum())
-        self.vocab_payload = P._encode_lines(v.words)
+        self.vocab_payload = P.encode_vocab(v.words)
         self.batcher: Batcher | None = None
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[asyncio.Task] = set()
@@ -367,6 +367,32 @@ class Server:
         return d
 
 
+def startup_message(engine: Engine, host: str, port: int, name: str | None = None) -> str:
+    """The line `cslm serve` prints once listening."""
+    what = f" {name}" if name else ""
+    return (f"cslm: serving{what} on {host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
+            f"mode {engine.mode}, device {engine.device})")
+
+
+def shutdown_summary(stats: dict) -> str:
+    """The line `cslm serve` prints at shutdown: traffic, cache share and latency, from `Server.stats_dict()`."""
+    by_type = stats["requests_by_type"]
+    score = by_type.get("score", 0) + by_type.get("score_text", 0)
+    looked = stats["cache"]["hits"] + stats["cache"]["misses"]
+    hits = f", {100 * stats['cache']['hits'] / looked:.0f}% from the cache" if looked else ""
+    return (f"cslm: server stopped after {stats['uptime_s']:.0f} s: {score} score requests, {stats['ngrams']} n-grams"
+            f"{hits}, {stats['connections']['total']} connections; latency p50 {stats['latency_ms']['p50']} ms, "
+            f"p99 {stats['latency_ms']['p99']} ms")
+
+
+def write_port_file(path: str, port: int) -> None:
+    """The bound port, written atomically: a reader never sees a partial number."""
+    from moses_rnn.textio import atomic_output
+
+    with atomic_output(path, compress=False) as f:
+        f.write(f"{port}\n".encode())
+
+
 async def _main(engine: Engine, cfg: ServerConfig, announce) -> dict:
     srv = Server(engine, cfg)
     port = await srv.start()
@@ -378,12 +404,22 @@ async def _main(engine: Engine, cfg: ServerConfig, announce) -> dict:
     return srv.stats_dict()
 
 
-def serve(engine: Engine, cfg: ServerConfig, announce=None) -> dict:
-    """Run the server until SIGTERM/SIGINT; `announce(server, port)` is called once listening.
-    Returns the final statistics (as the STATS request reports them)."""
+def serve(engine: Engine, cfg: ServerConfig, announce=None, name: str | None = None, port_file: str | None = None,
+          summary: bool = False) -> dict:
+    """Run the server until SIGTERM/SIGINT; return the final statistics (as the STATS request reports them).
+
+    Once listening, `announce(server, port)` is called; by default the start-up
+    line (`startup_message`, naming the model as `name`) goes to stderr and,
+    with `port_file`, the bound port is written there. With `summary`, the
+    shutdown line (`shutdown_summary`) goes to stderr at the end.
+    """
 
     def default_announce(srv, port):
-        print(f"cslm: serving on {cfg.host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
-              f"mode {engine.mode}, device {engine.device})", file=sys.stderr, flush=True)
+        print(startup_message(engine, cfg.host, port, name), file=sys.stderr, flush=True)
+        if port_file:
+            write_port_file(port_file, port)
 
-    return asyncio.run(_main(engine, cfg, announce or default_announce))
+    stats = asyncio.run(_main(engine, cfg, announce or default_announce))
+    if summary:
+        print(shutdown_summary(stats), file=sys.stderr, flush=True)
+    return stats

@@ -29,6 +29,7 @@ import os
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -38,8 +39,8 @@ from tqdm import tqdm
 
 from .modelio import LoadedModel, load_model
 from .phrasetable import format_rows, parse_line
-from .textio import atomic_output, decode_line, iter_raw_windows
-from .train import resolve_device
+from .textio import InputError, atomic_output, decode_line, iter_raw_windows
+from .runtime import configure_threads, resolve_device
 from .vocab import EOS
 
 
@@ -136,7 +137,7 @@ class PhraseScorer:
         whichever pairs share the call.
         """
         model, dev, V = self.model, self.device, len(self.tgt_vocab)
-        embed = model.decoder.embed
+        embed = model.target_embeddings()
         out = np.zeros(len(Y), dtype=np.float64)
         # level 0: one node per distinct source; pairs point at their node
         node_row, node_of_pair = np.unique(pair_row, return_inverse=True)
@@ -254,6 +255,35 @@ def _in_order(pool: ProcessPoolExecutor, windows, depth: int):
         yield pending.popleft().result()
 
 
+@dataclass
+class ScoringSetup:
+    """A scorer with the device, torch threads and worker processes `score_table` should use."""
+
+    scorer: PhraseScorer
+    device: torch.device
+    threads: int
+    workers: int
+
+
+def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int | None = None,
+                  workers: int | None = None, token_budget: int = 16384) -> ScoringSetup:
+    """Load the model of `model_dir` for scoring `table`, choosing what is not given.
+
+    The device ('auto': CUDA when available), torch's CPU threads
+    (`configure_threads`: by model size) and the worker processes
+    (`default_workers`: by model size, device and table size). `moses-rnn score`
+    and the benchmarks call this, so they measure what the command runs.
+    """
+    dev = resolve_device(device)
+    scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget)
+    used = configure_threads(dev, threads, scorer.model.config)
+    if workers is None:
+        workers = default_workers(dev, scorer.model.config, table)
+    if workers < 1:
+        raise ValueError(f"the number of worker processes must be at least 1, got {workers}")
+    return ScoringSetup(scorer, dev, used, workers)
+
+
 def default_workers(device: torch.device, config, table: str) -> int:
     """Worker processes for `score_table`.
 
@@ -292,10 +322,10 @@ def score_table(
     start = time.perf_counter()
     windows = iter_raw_windows(table, window)
     head = next(windows, None)
-    nscores = 0
-    if head is not None:
-        nscores = len(parse_line(decode_line(head[1][0], table, 1), table, 1).scores)
-        windows = itertools.chain([head], windows)
+    if head is None:  # an empty table is an upstream failure, not a table to rewrite
+        raise InputError(table, None, "the phrase table is empty (no lines)")
+    nscores = len(parse_line(decode_line(head[1][0], table, 1), table, 1).scores)
+    windows = itertools.chain([head], windows)
     job = TableJob(table, nscores, normalize, unknown)
     if workers > 1 and scorer.model_dir is None:
         raise ValueError("worker processes need a scorer loaded with PhraseScorer.from_dir")
@@ -329,6 +359,9 @@ def score_table(
                 bar.update(n)
             if written != read:
                 raise RuntimeError(f"{output}: wrote {written} lines for {read} input lines")
+    except BrokenProcessPool:  # an OSError, so the command line reports it in one line
+        raise ChildProcessError(f"{table}: a scoring worker process died (killed, or out of memory?); "
+                                f"try fewer --workers") from None
     finally:
         bar.close()
         if pool is not None:
@@ -336,4 +369,5 @@ def score_table(
     return ScoreStats(written, time.perf_counter() - start, sources, workers)
 
 
-__all__ = ["PhraseScorer", "ScoreStats", "TableJob", "score_table", "rescore_lines", "default_workers"]
+__all__ = ["PhraseScorer", "ScoreStats", "ScoringSetup", "TableJob", "score_table", "rescore_lines", "default_workers",
+           "setup_scoring"]

@@ -8,20 +8,47 @@ finishes without an exception, so an interrupted or failed run never leaves a
 partial file and never touches a previous output. A `.gz` destination is
 compressed with ISA-L's multi-threaded gzip writer (see benchmarks/io_gzip.py
 for the measurement that chose it).
+
+A gzip input that is cut short (a half-copied file) or corrupt (bad deflate
+data, CRC mismatch) raises `InputError` naming the file and the last line
+read, from every reader here (`iter_lines`, `iter_raw_windows`), never the
+decompressor's bare EOFError. The temporary file of `atomic_output` carries
+the writer's host and process id; a killed run's leftover (kill -9 gives no
+chance to clean up) is removed by the next run writing the same output once
+that process is gone, and a live run's never is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import hashlib
 import itertools
 import os
+import re
+import socket
 import sys
 import tempfile
+import zlib
 from typing import BinaryIO, Iterator
 
-from isal import igzip_threaded
+from isal import igzip_threaded, isal_zlib
 
 GZIP_MAGIC = b"\x1f\x8b"
+
+# What the decompressors raise on a cut or damaged stream: EOFError (ended
+# before the end-of-stream marker), gzip.BadGzipFile (CRC or length check, bad
+# header), ISA-L's and zlib's errors (invalid deflate data).
+GZIP_ERRORS = (EOFError, gzip.BadGzipFile, isal_zlib.error, zlib.error)
+
+
+def gzip_error(path: str, lines_read: int, exc: BaseException) -> "InputError":
+    """The InputError for a decompression failure met after `lines_read` complete lines."""
+    if isinstance(exc, EOFError):
+        what = f"truncated gzip stream after line {lines_read}"
+    else:
+        what = f"corrupt gzip stream after line {lines_read} ({exc})"
+    return InputError(path, None, what)
 
 
 def is_gzip(path: str) -> bool:
@@ -58,27 +85,34 @@ def iter_lines(path: str, keepends: bool = False) -> Iterator[tuple[int, str]]:
     The line ending is stripped unless `keepends`. Undecodable bytes raise an
     InputError that names the file and line.
     """
-    with contextlib.closing(open_input(path)) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = decode_line(raw, path, lineno)
-            yield lineno, (line if keepends else line.rstrip("\r\n"))
+    lineno = 0
+    try:
+        with contextlib.closing(open_input(path)) as f:
+            for lineno, raw in enumerate(f, 1):
+                line = decode_line(raw, path, lineno)
+                yield lineno, (line if keepends else line.rstrip("\r\n"))
+    except GZIP_ERRORS as e:  # raised by the decompressor only: a consumer's errors never enter a generator
+        raise gzip_error(path, lineno, e) from None
 
 
 def iter_raw_windows(path: str, size: int) -> Iterator[tuple[int, list[bytes]]]:
     """Yield (number of the first line, up to `size` raw lines, endings kept)."""
-    with contextlib.closing(open_input(path)) as f:
-        first = 1
-        while lines := list(itertools.islice(f, size)):
-            yield first, lines
-            first += len(lines)
+    first = 1
+    try:
+        with contextlib.closing(open_input(path)) as f:
+            while lines := list(itertools.islice(f, size)):
+                yield first, lines
+                first += len(lines)
+    except GZIP_ERRORS as e:  # the lines of the window being read are lost with the stream
+        raise gzip_error(path, first - 1, e) from None
 
 
 class InputError(ValueError):
-    """Bad input: carries the file and line number it was found at."""
+    """Bad input: carries the file and line number it was found at (None: about the file as a whole)."""
 
-    def __init__(self, path: str, lineno: int, message: str):
+    def __init__(self, path: str, lineno: int | None, message: str):
         self.path, self.lineno, self.message = path, lineno, message
-        super().__init__(f"{path}:{lineno}: {message}")
+        super().__init__(f"{path}: {message}" if lineno is None else f"{path}:{lineno}: {message}")
 
     def __reduce__(self):  # survives the trip back from a worker process
         return (type(self), (self.path, self.lineno, self.message))
@@ -88,12 +122,56 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _host_tag() -> str:
+    """8 hex digits naming this machine, so that a folder shared between hosts (NFS) never
+    has one host judge another's process ids."""
+    return hashlib.sha1(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (one of another user counts as alive)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str, name: str) -> list[str]:
+    """Remove the temporaries `.NAME.HOST-PID.XXXX.tmp` that `atomic_output` runs killed
+    without clean-up (kill -9, power loss) left in `folder`: those of this host whose
+    process is gone. A live run's temporary, another host's and any other file stay.
+    Returns the names removed."""
+    pattern = re.compile(re.escape(f".{name}.{_host_tag()}-") + r"(\d+)\.[^/]*\.tmp\Z")
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry)
+        if m is None or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(folder, entry))
+        except OSError:  # removed by another run first, or another user's in a sticky folder
+            continue
+        removed.append(entry)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_output(path: str, compress: bool | None = None, threads: int | None = None) -> Iterator[BinaryIO]:
     """Yield a binary stream whose contents replace `path` only on success.
 
     `path` '-' writes to stdout (no atomicity is possible there). `compress`
-    defaults to whether `path` ends in '.gz'.
+    defaults to whether `path` ends in '.gz'. The temporary file,
+    `.NAME.HOST-PID.XXXX.tmp` beside `path`, is removed on any failure; those
+    of killed runs of this host are removed first (`remove_stale_temporaries`).
     """
     if path == "-":
         out = sys.stdout.buffer
@@ -105,7 +183,9 @@ def atomic_output(path: str, compress: bool | None = None, threads: int | None =
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"{path}: the output folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    name = os.path.basename(path)
+    remove_stale_temporaries(folder, name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{_host_tag()}-{os.getpid()}.", suffix=".tmp", dir=folder)
     os.close(fd)
     try:
         if compress:

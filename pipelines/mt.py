@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from moses_rnn.textio import atomic_output, iter_lines
+from moses_rnn.textio import InputError, atomic_output, iter_lines
 
 SYSTEMS = ["baseline", "rnn", "cslm-rnn", "cslm-rnn-wp"]
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP"}
@@ -180,7 +180,10 @@ def main(argv=None) -> None:
     a.add_argument("--systems", default=",".join(SYSTEMS))
     a.set_defaults(fn=report)
     args = p.parse_args(argv)
-    args.fn(args)
+    try:
+        args.fn(args)
+    except (InputError, OSError, ValueError) as e:  # bad or missing input (a cut gzip corpus too): one line
+        raise SystemExit(f"mt.py {args.cmd}: {e}") from None
 
 
 if __name__ == "__main__":

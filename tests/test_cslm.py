@@ -19,7 +19,7 @@ from cslm.engine import BACKOFF, UNKNOWN, Engine
 from cslm.model import CSLM, CSLMConfig, preset_config
 from cslm.train import TrainConfig, train
 from moses_rnn.textio import InputError
-from moses_rnn.vocab import BOS, EOS, UNK
+from moses_rnn.vocab import BOS, EOS, UNK, Vocabulary
 
 WORDS = [f"w{i}" for i in range(120)]
 
@@ -91,14 +91,37 @@ def test_paper_preset_matches_section_4_1_2():
         assert float(p.detach().abs().max()) <= 0.01
 
 
-def test_forward_is_a_normalised_distribution():
+def test_engine_computes_the_model_equation():
+    """Engine.score_ids against Sec. 4.1.2 written out in float64 from the weights: the n-1 history
+    projections concatenated, rectified layers, then ln P(w|h) = o_w - ln sum_r exp(o_r) (Eq. (2))."""
     torch.manual_seed(0)
-    model = CSLM(CSLMConfig(vocab_size=50, order=4, embed=8, hidden=(16, 12)))
-    model.init_weights()
-    ctx = torch.randint(0, 50, (5, 3))
-    p = torch.softmax(model(ctx), dim=-1)
-    assert p.shape == (5, 50)
-    assert torch.allclose(p.sum(-1), torch.ones(5))
+    cfg = CSLMConfig(vocab_size=50, order=4, embed=8, hidden=(16, 12))
+    model = CSLM(cfg)
+    with torch.no_grad():  # weights large enough for a peaked distribution
+        for w in model.parameters():
+            w.uniform_(-0.8, 0.8)
+    vocab = Vocabulary([EOS, BOS, UNK] + [f"v{i}" for i in range(47)])
+    eng = Engine(model, vocab, "cpu")
+    rng = np.random.default_rng(0)
+    grams = rng.integers(0, 50, size=(200, 4)).astype(np.int32)
+    grams[:60, :-1] = grams[0, :-1]  # shared histories take the de-duplicating path
+    short = rng.integers(0, 50, size=(20, 2)).astype(np.int32)  # left-padded with <s>
+    got = np.concatenate([eng.score_ids(grams)[0], eng.score_ids(short)[0]])
+
+    p = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    full = np.concatenate([grams, np.concatenate([np.full((20, 2), vocab.index[BOS]), short], axis=1)])
+    x = p["embed.weight"][full[:, :-1]].reshape(len(full), -1)  # (N, 3 * 8), history order kept
+    for i in range(len(cfg.hidden)):
+        x = np.maximum(0.0, x @ p[f"hidden.{i}.weight"].T + p[f"hidden.{i}.bias"])
+    o = x @ p["out.weight"].T + p["out.bias"]
+    m = o.max(axis=1, keepdims=True)
+    log_z = (m + np.log(np.exp(o - m).sum(axis=1, keepdims=True)))[:, 0]
+    want = o[np.arange(len(full)), full[:, -1]] - log_z
+    assert want.std() > 0.3  # far from uniform, so a wrong layer or order would show
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    reordered = full.copy()
+    reordered[:, :-1] = reordered[:, -2::-1]  # the same words in another order predict differently
+    assert not np.allclose(eng.score_ids(reordered)[0], want, atol=1e-3)
 
 
 # -- data ---------------------------------------------------------------------
@@ -277,6 +300,75 @@ def test_cli_train_eval_score(cslm_corpus, tmp_path):
     assert json.loads(r.output)["cslm_ppl"] > 1
     r = run("score", model, tmp_path / "missing.txt", "--quiet")
     assert r.exit_code != 0 and "missing.txt" in r.output
+
+
+@pytest.fixture
+def cut_corpus(cslm_corpus, tmp_path):
+    data = gzip.compress(cslm_corpus.read_bytes())
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    return cut
+
+
+@pytest.mark.parametrize("command", ["score", "eval", "train"])
+def test_cli_names_a_truncated_gzip_corpus(cslm_model, cut_corpus, tmp_path, command):
+    from click.testing import CliRunner
+
+    from cslm.cli import main
+
+    out = tmp_path / "out.txt"
+    out.write_text("previous\n")
+    args = {"score": ["score", cslm_model, cut_corpus, "-o", out, "--device", "cpu", "--quiet"],
+            "eval": ["eval", cslm_model, cut_corpus, "--device", "cpu", "--quiet"],
+            "train": ["train", cut_corpus, "-o", tmp_path / "m", "--preset", "tiny", "--device", "cpu", "--quiet"]}
+    r = CliRunner().invoke(main, [str(a) for a in args[command]])
+    assert r.exit_code == 1 and "Aborted" not in r.output, r.output
+    assert r.output.strip().splitlines()[-1] == f"Error: {cut_corpus}: truncated gzip stream after line 0", r.output
+    assert out.read_text() == "previous\n" and sorted(p.name for p in tmp_path.iterdir() if p.name != "m") == [
+        "cut.txt.gz", "out.txt"]
+
+
+def test_cli_refuses_the_other_tools_model_dir(cslm_model, tiny_model, example_table, cslm_corpus, tmp_path):
+    from click.testing import CliRunner
+
+    from cslm.cli import main as cslm_main
+    from moses_rnn.cli import main as rnn_main
+
+    r = CliRunner().invoke(cslm_main, ["score", str(tiny_model), str(cslm_corpus), "--quiet"])
+    assert r.exit_code == 1 and (f"Error: {tiny_model} is an RNN phrase-scorer model directory (made by `moses-rnn "
+                                 "train`); cslm needs a CSLM language-model one (made by `cslm train`)") in r.output
+    r = CliRunner().invoke(cslm_main, ["eval", str(tiny_model), str(cslm_corpus), "--quiet"])
+    assert r.exit_code == 1 and "cslm needs a CSLM language-model one" in r.output
+    r = CliRunner().invoke(rnn_main, ["score", str(example_table), "-m", str(cslm_model), "-o", str(tmp_path / "o.gz")])
+    assert r.exit_code == 1 and (f"Error: {cslm_model} is a CSLM language-model model directory (made by `cslm "
+                                 "train`); moses-rnn needs an RNN phrase-scorer one") in r.output
+    assert not (tmp_path / "o.gz").exists()
+
+
+def test_cli_eval_of_an_empty_text_is_an_error_not_perplexity_1(cslm_model, tmp_path):
+    from click.testing import CliRunner
+
+    from cslm.cli import main
+
+    (tmp_path / "empty.txt").write_text("")
+    r = CliRunner().invoke(main, ["eval", str(cslm_model), str(tmp_path / "empty.txt"), "--quiet"])
+    assert r.exit_code == 1 and "empty.txt: no sentences to evaluate" in r.output
+
+
+def test_cli_score_without_text_does_not_wait_on_a_terminal(cslm_model):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "cslm.cli", "score", str(cslm_model)], stdin=follower,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert r.returncode == 2 and "no TEXT given and stdin is a terminal" in r.stderr, r.stderr
 
 
 def test_real_french_slice(shared_data, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import socket
@@ -163,14 +162,41 @@ def test_pipelined_requests_are_matched_by_id(server, engine):  # noqa: F811
     async def go():
         c = await AsyncClient.connect("127.0.0.1", server.port)
         try:
-            return await asyncio.gather(*(c.score(b) for b in batches)), await c.stats()
+            before = await c.stats()
+            return before, await asyncio.gather(*(c.score(b) for b in batches)), await c.stats()
         finally:
             await c.close()
 
-    results, stats = asyncio.run(go())
+    before, results, after = asyncio.run(go())
     for b, (logp, _) in zip(batches, results):
         assert np.array_equal(logp, engine.score_ids(b)[0])
-    assert stats["batch_ngrams"]["requests_per_batch"] >= 1
+    # every request counted once, with its n-grams; no other client was talking meanwhile
+    assert after["requests_by_type"]["score"] - before["requests_by_type"].get("score", 0) == 40
+    assert after["ngrams"] - before["ngrams"] == sum(len(b) for b in batches) == 40 * 10 + 780
+    assert 1 <= after["batches"] - before["batches"] <= 40
+
+
+def test_stats_count_a_known_sequence_exactly(engine):  # noqa: F811
+    s = ServerThread(engine, cache_size=1000)
+    try:
+        a, b = random_ngrams(engine, 10, 7, seed=1), random_ngrams(engine, 25, 7, seed=2)
+        with Client("127.0.0.1", s.port) as c:
+            c.score(a)
+            c.score(b)
+            c.score(a[:4])  # all four from the cache
+            c.score_text(["w0 w1", "w2"])
+            c.lookup(["w0"])
+            st = c.stats()
+    finally:
+        s.stop()
+    assert st["requests_by_type"] == {"hello": 1, "score": 3, "score_text": 1, "lookup": 1, "stats": 1}
+    assert st["requests"] == 7 and st["ngrams"] == 10 + 25 + 4 + 2
+    # one blocking client: each score request is a batch of its own
+    assert st["batches"] == 4 and st["batch_ngrams"] == {"mean": 10.2, "max": 25, "requests_per_batch": 1.0}
+    distinct = len({g.tobytes() for g in np.concatenate([a, b])})
+    assert st["cache"]["hits"] == 4 + (35 - distinct) and st["cache"]["misses"] == distinct + 2
+    assert st["cache"]["size"] == distinct + 2 and st["errors"] == 0
+    assert st["connections"] == {"open": 1, "total": 1} and st["latency_ms"]["window"] == 4
 
 
 # -- robustness ---------------------------------------------------------------------
@@ -284,6 +310,8 @@ def test_sigterm_drains_in_flight_requests(cslm_model, engine, tmp_path):  # noq
         assert np.array_equal(P.decode_scores(reply[2])[0], engine.score_ids(grams)[0])
         assert proc.wait(30) == 0
         err = proc.stderr.read()
+        assert err.startswith(f"cslm: serving {cslm_model} on 127.0.0.1:{port} (order 7, 60 words, mode unk, "
+                              "device cpu)\n"), err
         assert "server stopped after" in err and "1 score requests, 20000 n-grams" in err, err
     finally:
         if proc.poll() is None:
@@ -324,13 +352,66 @@ def test_cli_score_through_the_server_prints_the_same(cslm_model, cslm_corpus, t
         proc.wait(30)
 
 
+def closed_port() -> int:
+    """A port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_cpp_client_reports_connect_failure(tmp_path):
-    """The test program's last check (ConnectError on a closed port) runs even with no server; here we
-    only make sure the library compiles warning-free as C++11 on its own."""
+    """The compiled C++ client against a closed port: ConnectError, named host and port, exit 1, at once."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
-    obj = tmp_path / "cslm_client.o"
-    subprocess.run([cxx, "-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-c", "-o", str(obj),
-                    str(CPP / "cslm_client.cc")], check=True)
-    assert obj.stat().st_size > 0 and os.access(obj, os.R_OK)
+    exe = tmp_path / "cslm_client_test"
+    subprocess.run([cxx, "-std=c++11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1", "-o", str(exe),
+                    str(CPP / "cslm_client.cc"), str(CPP / "cslm_client_test.cc")], check=True, timeout=120)
+    port = closed_port()
+    t0 = time.monotonic()
+    r = subprocess.run([str(exe), "127.0.0.1", str(port)], input="", capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"error: cslm: cannot connect to 127.0.0.1:{port}: "), r.stderr
+    assert "refused" in r.stderr.lower() and time.monotonic() - t0 < 5
+
+
+def test_python_client_errors_are_one_clear_line(cslm_model, engine, server, tmp_path):  # noqa: F811
+    from cslm.client import VocabularyMismatch, connect
+
+    port = closed_port()
+    with pytest.raises(ConnectionError, match=f"cannot connect to 127.0.0.1:{port}"):
+        connect(f"127.0.0.1:{port}")
+    # something that is not a cslm server: an HTTP-like reply, then silence
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+
+    def other_server(reply, done):
+        conn, _ = listener.accept()
+        conn.recv(64)
+        conn.sendall(reply)
+        done.wait(10)  # the connection stays open
+        conn.close()
+
+    for reply, what in [(b"HTTP/1.1 400 Bad Request\r\n\r\n", "is not a cslm server"),
+                        (b"", "no reply from")]:
+        done = threading.Event()
+        t = threading.Thread(target=other_server, args=(reply, done), daemon=True)
+        t.start()
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionError, match=what):
+            connect(f"127.0.0.1:{listener.getsockname()[1]}", timeout=0.5)
+        assert time.monotonic() - t0 < 2.5  # no wait for a 1.3 GB "frame", nor for the peer to hang up
+        done.set()
+        t.join()
+    listener.close()
+    # a model directory whose vocabulary is not the server's
+    other = tmp_path / "other"
+    shutil.copytree(cslm_model, other)
+    words = (other / "cslm.vocab").read_text(encoding="utf-8").splitlines()
+    words[-1], words[-2] = words[-2], words[-1]
+    (other / "cslm.vocab").write_text("\n".join(words) + "\n", encoding="utf-8")
+    with pytest.raises(VocabularyMismatch, match=f"serves a different vocabulary than {other}"):
+        connect(f"127.0.0.1:{server.port}", model_dir=str(other))
+    with connect(f"127.0.0.1:{server.port}", model_dir=str(cslm_model)) as c:
+        assert c.info["checksum"] == engine.vocab.checksum()

@@ -45,9 +45,21 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
 
 
 def test_dry_run_without_moses(tmp_path):
-    r = _make("-n", "report", WORK=str(tmp_path / "w"))
+    # no data either: the plan is shown whether the default corpus folder exists or not
+    r = _make("-n", "report", WORK=str(tmp_path / "w"), DATA=str(tmp_path / "no-data"))
     assert r.returncode == 0, r.stderr
-    assert "mert-moses.pl" in r.stdout
+    assert "mert-moses.pl" in r.stdout and "mt.py prepare" in r.stdout
+    r = _make("-n", "report", WORK=str(tmp_path / "w"))  # the default DATA, beside the project or not
+    assert r.returncode == 0, r.stderr
+
+
+def test_missing_corpus_is_named_in_one_line(tmp_path):
+    r = _make("prepare", WORK=str(tmp_path / "w"), DATA=str(tmp_path / "no-data"))
+    assert r.returncode != 0
+    msg = [line for line in r.stderr.splitlines() if line.strip() and not line.startswith("make")]
+    assert msg == [f"pipelines: {tmp_path / 'no-data'}/train.en does not exist: pass DATA=/path/to/corpora "
+                   "(train, dev, test .en/.fr) or CORPUS=, DEV=, TEST="], r.stderr
+    assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize("target", ["phrases", "lm", "tune-baseline", "eval-rnn", "report"])
@@ -160,3 +172,15 @@ def test_add_to_moses_registers_once(tmp_path):
     assert {"CSLM.h", "CSLM.cpp", "cslm_ngrams.h", "cslm_client.h", "cslm_client.cpp"} <= names
     r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path)], capture_output=True, text=True)
     assert r.returncode != 0 and "a mosesdecoder checkout?" in r.stderr
+
+
+def test_mt_py_names_a_truncated_corpus_in_one_line(tmp_path):
+    import gzip
+
+    data = gzip.compress("".join(f"l'homme {i} &amp; co .\n" for i in range(20000)).encode("utf-8"))
+    (tmp_path / "out.gz").write_bytes(data[: len(data) // 2])
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "detok", "--lang", "fr", str(tmp_path / "out.gz"),
+                        str(tmp_path / "detok")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert r.stderr.startswith(f"mt.py detok: {tmp_path / 'out.gz'}: truncated gzip stream after line "), r.stderr
+    assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "detok").exists()

@@ -156,3 +156,68 @@ def test_prefix_tree_equals_teacher_forcing(tmp_path, example_table, real_table_
             tgt = torch.tensor([scorer.tgt_vocab.encode(t.split()) + [scorer.eos]])
             want = float(model(src, torch.ones_like(src, dtype=torch.bool), tgt, torch.ones_like(tgt, dtype=torch.bool))[0])
             assert lp == pytest.approx(want, abs=1e-4)
+
+
+def cut_gzip_table(example_table, folder, copies=75):
+    """The example table repeated (3 MB), gzipped and cut at two thirds: a half-copied file
+    whose first megabyte decompresses, so scoring is under way when the stream ends."""
+    data = gzip.compress(example_table.read_bytes() * copies, compresslevel=6)
+    cut = folder / "cut.gz"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    return cut
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_truncated_gzip_table_is_named_and_keeps_previous_output(tmp_path, example_table, tiny_model, workers):
+    cut = cut_gzip_table(example_table, tmp_path)
+    out = tmp_path / "out.gz"
+    out.write_bytes(gzip.compress(b"previous\n"))
+    r = CliRunner().invoke(main, ["score", str(cut), "-m", str(tiny_model), "-o", str(out), "--quiet",
+                                  "--window", "2000", "--workers", workers])
+    assert r.exit_code == 1, r.output
+    assert "Aborted" not in r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: {cut}: truncated gzip stream after line "), r.output
+    assert int(last.rsplit(" ", 1)[1]) >= 2000  # windows were scored before the stream ended
+    assert gzip.decompress(out.read_bytes()) == b"previous\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gz", "out.gz"]
+
+
+def test_truncated_gzip_table_stops_training(tmp_path, example_table):
+    cut = cut_gzip_table(example_table, tmp_path)
+    r = CliRunner().invoke(main, ["train", str(cut), "-o", str(tmp_path / "m"), "--preset", "tiny", "--quiet"])
+    assert r.exit_code == 1 and "Aborted" not in r.output
+    assert f"Error: {cut}: truncated gzip stream after line " in r.output
+
+
+def test_empty_table_is_an_error_not_an_empty_output(tmp_path, tiny_model):
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    out = tmp_path / "out.gz"
+    r = CliRunner().invoke(main, ["score", str(empty), "-m", str(tiny_model), "-o", str(out), "--quiet"])
+    assert r.exit_code == 1 and f"Error: {empty}: the phrase table is empty" in r.output
+    assert not out.exists()
+
+
+def test_setup_scoring_chooses_what_the_command_runs(example_table, tiny_model):
+    from moses_rnn.score import default_workers, setup_scoring
+    from moses_rnn.runtime import configure_threads
+
+    s = setup_scoring(str(tiny_model), str(example_table), device="cpu")
+    assert s.device.type == "cpu" and s.scorer.model_dir == str(tiny_model)
+    assert s.workers == default_workers(s.device, s.scorer.model.config, str(example_table)) == 1  # a small table
+    assert s.threads == configure_threads(s.device, None, s.scorer.model.config)
+    s = setup_scoring(str(tiny_model), str(example_table), device="cpu", threads=1, workers=3, token_budget=99)
+    assert (s.threads, s.workers, s.scorer.token_budget) == (1, 3, 99)
+    with pytest.raises(ValueError, match="at least 1"):
+        setup_scoring(str(tiny_model), str(example_table), device="cpu", workers=0)
+
+
+def test_a_device_that_is_not_there_is_one_line(example_table, tiny_model, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = CliRunner().invoke(main, ["score", str(example_table), "-m", str(tiny_model), "-o", str(tmp_path / "o.gz"),
+                                  "--device", "cuda", "--quiet"])
+    assert r.exit_code == 1 and r.output == "Error: --device cuda asked for, but torch sees no CUDA device\n"
