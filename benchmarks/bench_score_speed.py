@@ -20,7 +20,7 @@ import torch
 from common import median_time, require_shared, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
 from moses_rnn.score import PhraseScorer
-from moses_rnn.train import configure_threads, resolve_device
+from moses_rnn.runtime import configure_threads, resolve_device
 
 
 def matmul_rate(device: torch.device, n: int = 2048, repeats: int = 5) -> float:

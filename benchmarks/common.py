@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 
 from moses_rnn import modelio
-from moses_rnn.model import build_model, preset_config, PRESETS
+from moses_rnn.modelbase import preset_config, PRESETS
+from moses_rnn.modelio import build_model
 from moses_rnn.train import build_vocabularies
 
 ROOT = Path(__file__).resolve().parents[1]

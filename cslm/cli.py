@@ -4,36 +4,31 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 
 import click
 
-from moses_rnn.cliutil import fail_cleanly
+from moses_rnn.cliutil import fail_cleanly, require_model_dir
 
 
 def _threads(n):
-    if n:
-        import torch
+    """The project's one thread policy (moses_rnn.runtime): N threads if given, else all cores."""
+    from moses_rnn.runtime import configure_threads, resolve_device
 
-        torch.set_num_threads(n)
+    configure_threads(resolve_device("cpu"), n)
 
 
 def _backend(model_dir, server, kenlm, device):
     """The in-process engine, or a connection to a running server."""
+    if model_dir:
+        require_model_dir(model_dir, "cslm")
     if server:
         from .apply import RemoteBackend
-        from .client import Client, parse_address
+        from .client import connect
 
         if kenlm:
             raise click.UsageError("--kenlm belongs to the server (cslm serve --kenlm) when --server is used")
-        host, port = parse_address(server)
-        client = Client(host, port)
-        if model_dir:
-            from . import modeldir
-
-            want = modeldir.load_vocab(model_dir).checksum()
-            if want != client.info["checksum"]:
-                raise click.ClickException(f"{server} serves a different vocabulary than {model_dir}")
-        return RemoteBackend(client)
+        return RemoteBackend(connect(server, model_dir))
     if not model_dir:
         raise click.UsageError("give MODEL_DIR or --server HOST:PORT")
     from .engine import Engine
@@ -56,26 +51,36 @@ def main():
 @click.option("--patience", default=10, show_default=True, help="Stop after this many epochs without held-out improvement.")
 @click.option("--valid-fraction", default=0.001, show_default=True, help="Share of sentences held out.")
 @click.option("--epoch-ngrams", type=int, help="N-grams per epoch [one pass over the corpus].")
-@click.option("--batch-size", default=256, show_default=True)
+@click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
+              help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, bfloat16 where native (see README).")
+@click.option("--batch-size", type=int, help="N-grams per update [fast 1024, paper 256].")
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
+              help="auto: bfloat16 autocast where the hardware has it [fast auto, paper fp32].")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "sgd"]))
 @click.option("--lr", type=float, help="Learning rate [adam 1e-3, sgd 0.05].")
+@click.option("--self-norm", default=0.0, show_default=True,
+              help="Weight alpha of the alpha*(log Z)^2 self-normalisation penalty (Devlin et al., 2014).")
 @click.option("--seed", default=1, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--threads", type=int, help="CPU threads [all cores].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--threads", type=int, help="CPU threads [tuned while training].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, epoch_ngrams,
-          batch_size, optimizer, lr, seed, device, threads, resume, quiet):
-    """Train on CORPUS: tokenized text, one sentence per line, plain or gzip."""
+          recipe, batch_size, dtype, optimizer, lr, self_norm, seed, device, threads, resume, quiet):
+    """Train on CORPUS: tokenized text, one sentence per line, plain or gzip.
+
+    Data-parallel with torchrun: `torchrun --nproc-per-node 2 $(which cslm) train CORPUS -o MODEL`.
+    """
     from .train import TrainConfig, train as run_train
 
-    _threads(threads)
-    cfg = TrainConfig(preset=preset, vocab_size=vocab_size, batch_size=batch_size, optimizer=optimizer, lr=lr,
-                      valid_fraction=valid_fraction, patience=patience, max_epochs=max_epochs,
-                      max_minutes=max_minutes, epoch_ngrams=epoch_ngrams, seed=seed, device=device)
+    cfg = TrainConfig(preset=preset, recipe=recipe, vocab_size=vocab_size, batch_size=batch_size, dtype=dtype,
+                      optimizer=optimizer, lr=lr, self_norm=self_norm, valid_fraction=valid_fraction,
+                      patience=patience, max_epochs=max_epochs, max_minutes=max_minutes, epoch_ngrams=epoch_ngrams,
+                      seed=seed, device=device, threads=threads)
     summary = run_train(corpus, model_dir, cfg, resume=resume, progress=not quiet)
-    click.echo(json.dumps(summary, indent=2), err=True)
+    if summary["rank"] == 0:
+        click.echo(json.dumps(summary, indent=2), err=True)
 
 
 @main.command("eval")
@@ -95,6 +100,7 @@ def eval_(model_dir, text, kenlm, backoff, device, threads, quiet):
 
     if backoff and not kenlm:
         raise click.UsageError("--backoff needs --kenlm")
+    require_model_dir(model_dir, "cslm")
     _threads(threads)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
     res = perplexity(engine, text, kenlm=kenlm, progress=not quiet)
@@ -108,12 +114,16 @@ def _split_paths(paths, server, what):
     if len(paths) > 2:
         raise click.UsageError(f"expected MODEL_DIR {what}")
     if server:
-        if len(paths) == 2:
-            return paths[0], paths[1]
-        return None, paths[0] if paths else "-"
-    if not paths:
+        model_dir, text = (paths[0], paths[1]) if len(paths) == 2 else (None, paths[0] if paths else None)
+    elif not paths:
         raise click.UsageError(f"expected MODEL_DIR {what} (or --server HOST:PORT {what})")
-    return paths[0], paths[1] if len(paths) == 2 else "-"
+    else:
+        model_dir, text = paths[0], paths[1] if len(paths) == 2 else None
+    if text is None:  # stdin, unless it is a terminal: a forgotten argument would wait there forever
+        if sys.stdin.isatty():
+            raise click.UsageError(f"no {what} given and stdin is a terminal: give {what}, or pipe it in (or '-')")
+        text = "-"
+    return model_dir, text
 
 
 @main.command()
@@ -187,27 +197,12 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame,
     from .server import ServerConfig, serve as run
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    require_model_dir(model_dir, "cslm")
     _threads(threads)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm)
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
                        cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout)
-
-    def announce(srv, bound):
-        click.echo(f"cslm: serving {model_dir} on {host}:{bound} (order {engine.order}, {len(engine.vocab)} words, "
-                   f"mode {engine.mode}, device {engine.device})", err=True)
-        if port_file:
-            from moses_rnn.textio import atomic_output
-
-            with atomic_output(port_file, compress=False) as f:
-                f.write(f"{bound}\n".encode())
-
-    st = run(engine, cfg, announce)
-    score = st["requests_by_type"].get("score", 0) + st["requests_by_type"].get("score_text", 0)
-    looked = st["cache"]["hits"] + st["cache"]["misses"]
-    hits = f", {100 * st['cache']['hits'] / looked:.0f}% from the cache" if looked else ""
-    click.echo(f"cslm: server stopped after {st['uptime_s']:.0f} s: {score} score requests, {st['ngrams']} n-grams"
-               f"{hits}, {st['connections']['total']} connections; latency p50 {st['latency_ms']['p50']} ms, "
-               f"p99 {st['latency_ms']['p99']} ms", err=True)
+    run(engine, cfg, name=model_dir, port_file=port_file, summary=True)
 
 
 @main.command()
@@ -215,9 +210,9 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame,
 @fail_cleanly
 def stats(address):
     """Print a running server's statistics (JSON)."""
-    from .client import Client, parse_address
+    from .client import connect
 
-    with Client(*parse_address(address)) as c:
+    with connect(address) as c:
         click.echo(json.dumps(c.stats(), indent=2))
 
 

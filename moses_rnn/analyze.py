@@ -297,10 +297,9 @@ def embedding_map(loaded, output: str, words: int = 1000, labels: int = 150, sid
     """Figure 4: the `words` most frequent shortlist words' embeddings, t-SNE to 2-D."""
     model = loaded.model
     if side == "source":
-        vocab = loaded.src_vocab
-        table = model.encoder.embed if hasattr(model, "encoder") else model.src_embed
+        vocab, table = loaded.src_vocab, model.source_embeddings()
     elif side == "target":
-        vocab, table = loaded.tgt_vocab, model.decoder.embed
+        vocab, table = loaded.tgt_vocab, model.target_embeddings()
     else:
         raise ValueError(f"side must be 'source' or 'target', not {side!r}")
     ids = [i for i, w in enumerate(vocab.words) if vocab.counts[i] > 0][:words]  # reserved symbols have count 0
@@ -336,8 +335,8 @@ def long_sources(table: str, min_words: int = 4, limit: int = 1000) -> list[str]
 
 @torch.inference_mode()
 def phrase_vectors(loaded, phrases: Sequence[str], batch: int = 256) -> np.ndarray:
-    """Phrase representations: c = tanh(V h_N) of the encoder-decoder (Cho et al., Eq. 8
-    summary); for RNNsearch, [h->_N ; h<-_1] (see RNNSearch.phrase_vector)."""
+    """Phrase representations (PhraseModel.phrase_vector): the summary c = tanh(V h_N) of the
+    encoder-decoder (Cho et al., Appendix A.1.1); for RNNsearch, [h->_N ; h<-_1]."""
     model = loaded.model
     dev = next(model.parameters()).device
     out = []
@@ -346,7 +345,7 @@ def phrase_vectors(loaded, phrases: Sequence[str], batch: int = 256) -> np.ndarr
         T = max(len(x) for x in ids)
         src = torch.tensor([x + [0] * (T - len(x)) for x in ids], dtype=torch.long, device=dev)
         mask = torch.tensor([[True] * len(x) + [False] * (T - len(x)) for x in ids], device=dev)
-        v = model.phrase_vector(src, mask) if hasattr(model, "phrase_vector") else model.encoder(src, mask)
+        v = model.phrase_vector(src, mask)
         out.append(v.float().cpu().numpy())
     return np.concatenate(out)
 
@@ -362,3 +361,38 @@ def phrase_map(loaded, table: str, output: str, phrases: int = 1000, labels: int
     drawn = labelled_map(points, chosen, output, f"Phrase representations (t-SNE, {len(chosen)} source phrases "
                          f"of {min_words}+ words)", labels, fontsize=6.5)
     return MapResult(len(chosen), drawn, write_vectors(vectors, chosen, vecs) if vectors else None)
+
+
+def training_history(model_dir: str) -> list[dict]:
+    """Held-out perplexity after each evaluation of a training run (from its checkpoint.pt):
+    dicts with step, train_seconds, examples_seen, valid_ppl. Works for both networks."""
+    from .modeldir import load_checkpoint
+
+    return list(load_checkpoint(model_dir)["loop"]["history"])
+
+
+def training_curves(runs: Sequence[tuple[str, list[dict]]], output: str, title: str = "Held-out perplexity",
+                    reference: tuple[str, float] | None = None, log_y: bool = True) -> None:
+    """Held-out perplexity against training minutes, one line per (label, history) run.
+
+    `reference` (label, perplexity) draws a horizontal line, e.g. a KenLM
+    5-gram's perplexity on the same held-out tokens.
+    """
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, history in runs:
+        if not history:
+            raise ValueError(f"run {label!r} has no held-out evaluation yet")
+        ax.plot([h["train_seconds"] / 60 for h in history], [h["valid_ppl"] for h in history], marker="o",
+                markersize=3, label=label)
+    if reference is not None:
+        ax.axhline(reference[1], color="grey", linestyle="--", label=f"{reference[0]} ({reference[1]:.1f})")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("training minutes (steps only, evaluation excluded)")
+    ax.set_ylabel("held-out perplexity per word")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    save_figure(fig, output)
+    plt.close(fig)

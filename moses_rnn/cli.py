@@ -8,7 +8,7 @@ import os
 import click
 
 from . import __version__
-from .cliutil import fail_cleanly
+from .cliutil import fail_cleanly, require_model_dir
 
 
 def default_output(table: str, suffix: str = "rnn") -> str:
@@ -31,29 +31,45 @@ def main():
               help="RNN Encoder-Decoder (Cho et al., 2014) or RNNsearch with attention (Bahdanau et al., 2015).")
 @click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 256].")
 @click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")
+@click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
+              help="paper: Cho et al.'s training exactly (64 pairs, Adadelta, full softmax, float32). fast: 128 "
+                   "equal-length pairs, Adam, sampled softmax, bfloat16 where native (see README).")
 @click.option("--max-steps", default=20000, show_default=True, help="Stop after this many updates.")
 @click.option("--max-minutes", type=float, help="Stop after this much wall-clock time.")
-@click.option("--batch-size", default=64, show_default=True)
+@click.option("--batch-size", type=int, help="Pairs per update [recipe's: fast 128, paper 64].")
+@click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="[recipe's: fast adam, paper adadelta].")
+@click.option("--lr", type=float, help="Learning rate [recipe's: fast (adam) 2e-3, paper (adadelta) 1.0].")
+@click.option("--sampled-softmax", type=int,
+              help="Softmax candidates per batch during training, 0 for the full shortlist [fast 2048, paper 0].")
+@click.option("--bucket/--no-bucket", default=None, help="Batches of equal-length pairs [fast: on, paper: off].")
+@click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
+              help="auto: bfloat16 autocast where the hardware has it [fast auto, paper fp32].")
 @click.option("--valid-pairs", default=1000, show_default=True, help="Held-out pairs for perplexity.")
 @click.option("--eval-every", default=500, show_default=True, help="Steps between held-out evaluations and checkpoints.")
-@click.option("--clip", default=1.0, show_default=True, help="Gradient-norm clipping threshold.")
+@click.option("--clip", type=float, help="Gradient-norm clipping threshold, 0 for none [fast 1.0, paper 0].")
 @click.option("--seed", default=1, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--threads", type=int, help="CPU threads [all cores; 1 for models smaller than `small`].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--threads", type=int, help="CPU threads [tuned while training; 1 for models smaller than `small`].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
-def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_minutes, batch_size, valid_pairs,
-          eval_every, clip, seed, device, threads, resume, quiet):
-    """Train on the unique phrase pairs of a Moses phrase table TABLE."""
+def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_steps, max_minutes, batch_size, optimizer,
+          lr, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume, quiet):
+    """Train on the unique phrase pairs of a Moses phrase table TABLE.
+
+    Data-parallel on several processes or machines with torchrun, e.g.
+    `torchrun --nproc-per-node 2 $(which moses-rnn) train TABLE -o MODEL`.
+    """
     from .train import TrainConfig, train as run_train
 
-    cfg = TrainConfig(preset=preset, src_vocab=src_vocab, tgt_vocab=tgt_vocab, batch_size=batch_size,
+    cfg = TrainConfig(preset=preset, recipe=recipe, src_vocab=src_vocab, tgt_vocab=tgt_vocab, batch_size=batch_size,
+                      optimizer=optimizer, lr=lr, sampled_softmax=sampled_softmax, bucket=bucket, dtype=dtype,
                       max_steps=max_steps, max_minutes=max_minutes, clip=clip, seed=seed,
                       valid_pairs=valid_pairs, eval_every=eval_every, device=device, threads=threads,
                       arch=arch)
     summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet)
-    click.echo(json.dumps(summary, indent=2), err=True)
+    if summary["rank"] == 0:
+        click.echo(json.dumps(summary, indent=2), err=True)
 
 
 @main.command()
@@ -73,21 +89,17 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, max_steps, max_m
 @fail_cleanly
 def score(table, model_dir, output, normalize, unknown, device, threads, workers, window, token_budget, quiet):
     """Append log p(target | source) (as e^value, see README) to every line of TABLE."""
-    from .score import PhraseScorer, default_workers, score_table
-    from .train import configure_threads, resolve_device
+    from .score import score_table, setup_scoring
 
-    dev = resolve_device(device)
-    scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget)
-    configure_threads(dev, threads, scorer.model.config)
+    require_model_dir(model_dir, "moses-rnn")
     output = output or default_output(table)
     if output != "-" and os.path.abspath(output) == os.path.abspath(table):
         raise click.ClickException("output would overwrite the input table")
-    if workers is None:
-        workers = default_workers(dev, scorer.model.config, table)
-    stats = score_table(scorer, table, output, normalize=normalize, unknown=unknown, window=window,
-                        workers=workers, progress=not quiet)
+    setup = setup_scoring(model_dir, table, device, threads, workers, token_budget)
+    stats = score_table(setup.scorer, table, output, normalize=normalize, unknown=unknown, window=window,
+                        workers=setup.workers, progress=not quiet)
     click.echo(f"{stats.lines} lines, {stats.distinct_sources} source groups, {stats.pairs_per_second:.0f} pairs/s "
-               f"on {dev} ({stats.workers} process{'es' if stats.workers > 1 else ''}) -> {output}", err=True)
+               f"on {setup.device} ({stats.workers} process{'es' if stats.workers > 1 else ''}) -> {output}", err=True)
 
 
 @main.group()
@@ -175,8 +187,9 @@ def _sources(phrases, input_file) -> list[str]:
 def _generator(model_dir, device):
     from .generate import Generator
     from .modelio import load_model
-    from .train import resolve_device
+    from .runtime import resolve_device
 
+    require_model_dir(model_dir, "moses-rnn")
     return Generator(load_model(model_dir, resolve_device(device)))
 
 
@@ -282,7 +295,7 @@ def align(source, target, model_dir, output, beam, device):
     """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
     from .align import draw_alignment, soft_alignment
     from .modelio import load_model
-    from .train import resolve_device
+    from .runtime import resolve_device
 
     a = soft_alignment(load_model(model_dir, resolve_device(device)), source, target, beam=beam)
     draw_alignment(a, output)
@@ -291,7 +304,7 @@ def align(source, target, model_dir, output, beam, device):
 
 @main.group()
 def analyze():
-    """The paper's analysis: Table 2 and Figures 3-5."""
+    """The paper's analysis: Table 2 and Figures 3-5; training curves."""
 
 
 _column_options = [
@@ -328,6 +341,24 @@ def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, t
         out.write(t.markdown().encode("utf-8"))
     click.echo(f"{t.long_sources} source phrases of {min_words}+ words; "
                f"{len(t.frequent)} frequent and {len(t.rare)} rare listed", err=True)
+
+
+@analyze.command("curves")
+@click.argument("model_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", required=True, help="PNG file.")
+@click.option("--label", "labels", multiple=True, help="One label per MODEL_DIR [the folder names].")
+@click.option("--title", default="Held-out perplexity", show_default=True)
+@click.option("--reference", type=(str, float), help="A horizontal line: LABEL PERPLEXITY (e.g. KenLM 5-gram 129.0).")
+@fail_cleanly
+def analyze_curves(model_dirs, output, labels, title, reference):
+    """Training curves: held-out perplexity against training time of MODEL_DIRS (either network)."""
+    from .analyze import training_curves, training_history
+
+    if labels and len(labels) != len(model_dirs):
+        raise click.UsageError(f"{len(labels)} --label for {len(model_dirs)} model directories")
+    names = labels or [os.path.basename(os.path.normpath(d)) for d in model_dirs]
+    training_curves([(n, training_history(d)) for n, d in zip(names, model_dirs)], output, title, reference)
+    click.echo(f"{len(model_dirs)} runs -> {output}", err=True)
 
 
 @analyze.command("scatter")

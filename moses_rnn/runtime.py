@@ -1,0 +1,255 @@
+"""Where and how the arithmetic runs: device, CPU threads, precision, processes.
+
+One policy for every tool of the project (training, table scoring, the CSLM
+engine and server, the benchmarks):
+
+- `resolve_device("auto")` is the first CUDA device when torch sees one, else
+  the CPU.
+- `configure_threads` sets torch's intra-op threads once, by model size.
+  `ThreadTuner` goes further for long CPU runs: it times steps at each
+  candidate thread count now and then and keeps the fastest, so a neighbour
+  process that takes a core (a Moses build, MERT) makes training fall back to
+  fewer threads instead of waiting on a descheduled one (more threads never
+  slower than fewer).
+- `amp_dtype` chooses mixed precision: bfloat16 autocast on GPUs and on CPUs
+  with native bfloat16 arithmetic (AVX-512 BF16 or AMX), with float32 master
+  weights; float32 elsewhere.
+- `Distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and
+  starts the process group: gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> a torch.device that exists here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+    return dev
+
+
+def cpu_count() -> int:
+    """Cores this process may run on (the affinity mask, not the machine's total)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
+    """Set torch's intra-op threads for CPU work and return the number used.
+
+    Default: every core for models of the `small` preset's size and up. For
+    smaller models one op is too short to split, and idle intra-op threads
+    spin against the gzip threads and other processes: one thread is faster.
+    """
+    if device.type != "cpu":
+        return torch.get_num_threads()
+    if threads is None:
+        big = config is None or getattr(config, "hidden", 256) >= 256
+        threads = cpu_count() if big else 1
+    torch.set_num_threads(threads)
+    return threads
+
+
+def choose_threads(device: torch.device, threads: int | None, big: bool = True, local_world: int = 1) -> int | None:
+    """The fixed CPU thread count for a training run, or None to let `ThreadTuner` choose.
+
+    A count given by the user is kept. Models smaller than `small` (not `big`) run on one
+    thread (see `configure_threads`); under torchrun the ranks of a machine
+    share its cores evenly. Otherwise the count is tuned while training runs.
+    """
+    if device.type != "cpu" or threads is not None:
+        return threads
+    if not big:
+        return 1
+    if local_world > 1:
+        return max(1, cpu_count() // local_world)
+    return None
+
+
+def cpu_has_bf16() -> bool:
+    """True when this CPU does bfloat16 arithmetic natively (AVX-512 BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def amp_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype | None:
+    """The autocast dtype for `dtype` ('auto', 'bf16', 'fp32') on `device`; None means float32.
+
+    'auto' is bfloat16 where the hardware has it natively (GPUs of compute
+    capability 8.0 and up, CPUs with AVX-512 BF16 or AMX), else float32.
+    """
+    if dtype == "fp32":
+        return None
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported()
+    else:
+        native = cpu_has_bf16()
+    if dtype == "bf16":
+        if device.type == "cpu" and not native:
+            raise RuntimeError("--dtype bf16 asked for, but this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
+        return torch.bfloat16
+    if dtype != "auto":
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto, bf16 or fp32")
+    return torch.bfloat16 if native else None
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """Mixed-precision context for the forward pass (a no-op for float32)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class ThreadTuner:
+    """Chooses the CPU intra-op thread count by timing real training steps.
+
+    Every `period` steps it runs `trial` steps at each candidate count (1, 2,
+    4, ... up to the cores it may use), compares the median step times and
+    keeps the fastest. The first trial starts after `warmup` steps. With a
+    fixed `threads` or on a GPU it does nothing.
+
+    Use: `tuner.before_step(step)` sets the count for that step;
+    `tuner.after_step(seconds)` records how long the step took.
+    """
+
+    def __init__(self, device: torch.device, threads: int | None, period: int = 2000, trial: int = 6,
+                 warmup: int = 5, cores: int | None = None):
+        cores = cores or cpu_count()
+        self.active = device.type == "cpu" and threads is None and cores > 1
+        counts, c = [], 1
+        while c < cores:
+            counts.append(c)
+            c *= 2
+        self.candidates = counts + [cores]
+        self.current = threads or cores
+        self.period, self.trial, self.warmup = period, trial, warmup
+        self._plan: list[int] = []  # thread counts of the steps of the trial under way
+        self._times: dict[int, list[float]] = {}
+        self._step_threads, self._step = self.current, 0
+        self.decisions: list[tuple[int, int]] = []  # (step, threads chosen)
+        if device.type == "cpu":
+            torch.set_num_threads(self.current)
+
+    def before_step(self, step: int) -> None:
+        if not self.active:
+            return
+        if not self._plan and step >= self.warmup and (step - self.warmup) % self.period == 0:
+            # interleave the candidates so that a change of load hits all of them alike
+            self._plan = [c for _ in range(self.trial) for c in self.candidates]
+            self._times = {c: [] for c in self.candidates}
+        n = self._plan.pop(0) if self._plan else self.current
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+        self._step_threads, self._step = n, step
+
+    def after_step(self, seconds: float) -> None:
+        if not self.active or not self._times:
+            return
+        self._times[self._step_threads].append(seconds)
+        if not self._plan:  # the trial is over: keep the fastest count
+            med = {c: statistics.median(t) for c, t in self._times.items() if t}
+            self.current = min(med, key=lambda c: (med[c], -c))
+            torch.set_num_threads(self.current)
+            self.decisions.append((self._step, self.current))
+            self._times = {}
+
+
+@dataclass
+class Distributed:
+    """This process's place in a torchrun job (rank 0 of 1 when run alone)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def local_world(self) -> int:
+        """Ranks on this machine (torchrun's LOCAL_WORLD_SIZE)."""
+        return int(os.environ.get("LOCAL_WORLD_SIZE", self.world)) if self.enabled else 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "Distributed":
+        """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK (absent: a single process)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        return cls(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+    def start(self, device: torch.device) -> torch.device:
+        """Join the process group (gloo on CPU, NCCL on CUDA); returns this rank's device.
+
+        On CUDA each local rank takes its own GPU (cuda:LOCAL_RANK).
+        """
+        if not self.enabled:
+            return device
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            device = torch.device("cuda", self.local_rank)
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return device
+
+    def all_sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Element-wise sum of `values` over all ranks (the values themselves when alone)."""
+        if not self.enabled:
+            return list(values)
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def barrier(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def stop(self) -> None:
+        if self.enabled:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+class Stopwatch:
+    """Accumulates the seconds spent inside `with watch:` blocks."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self._t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds += time.perf_counter() - self._t
+        return False
