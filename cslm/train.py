@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from moses_rnn.trainer import Trainer
+from moses_rnn.trainer import Trainer, apply_recipe
 
 from . import modeldir
 from .data import build_vocab, heldout_ngrams, scan_corpus, stream_batches
@@ -63,11 +63,7 @@ class TrainConfig:
     threads: int | None = None  # CPU threads; default: tuned while training
 
     def __post_init__(self):
-        if self.recipe not in RECIPES:
-            raise ValueError(f"unknown recipe {self.recipe!r}; choose from {', '.join(RECIPES)}")
-        for name, value in RECIPES[self.recipe].items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
+        apply_recipe(self, RECIPES)
 
 
 @torch.no_grad()
@@ -99,14 +95,9 @@ class NgramObjective(torch.nn.Module):
 class NgramTrainer(Trainer):
     unit = "ngrams"
 
-    def __init__(self, corpus: str, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,
-                 trace: bool = False):
-        super().__init__(model_dir, cfg, resume, progress, trace)
-        self.corpus = corpus
-
     def prepare(self) -> None:
         cfg = self.cfg
-        self.info = info = scan_corpus(self.corpus, cfg.valid_fraction, cfg.seed)
+        self.info = info = scan_corpus(self.data, cfg.valid_fraction, cfg.seed)
         if self.resumed:
             self.model_cfg, _ = modeldir.read_config(self.model_dir)
             self.vocab = modeldir.load_vocab(self.model_dir)
@@ -116,10 +107,10 @@ class NgramTrainer(Trainer):
             self.model_cfg.vocab_size = len(self.vocab)  # a small corpus may have fewer distinct words
             if self.dist.is_main:
                 modeldir.save_vocab(self.model_dir, self.vocab)
-        self.valid = heldout_ngrams(self.corpus, self.vocab, info.heldout_lines, self.model_cfg.order)
+        self.valid = heldout_ngrams(self.data, self.vocab, info.heldout_lines, self.model_cfg.order)
         per_pass = info.train_ngrams // cfg.batch_size
         if per_pass == 0:
-            raise ValueError(f"{self.corpus}: {info.train_ngrams} training n-grams, fewer than one batch of "
+            raise ValueError(f"{self.data}: {info.train_ngrams} training n-grams, fewer than one batch of "
                              f"{cfg.batch_size}")
         steps_per_epoch = max(1, min(per_pass, (cfg.epoch_ngrams or info.train_ngrams) // cfg.batch_size))
         self.max_steps = cfg.max_epochs * steps_per_epoch
@@ -148,7 +139,7 @@ class NgramTrainer(Trainer):
     def batch(self, step: int):
         if self._stream is None:  # the stream is a pure function of (seed, step): start it where we are
             cfg = self.cfg
-            self._stream = stream_batches(self.corpus, self.vocab, self.info.heldout_lines, self.model_cfg.order,
+            self._stream = stream_batches(self.data, self.vocab, self.info.heldout_lines, self.model_cfg.order,
                                           cfg.batch_size, cfg.seed, step)
         b = next(self._stream)
         mine = torch.from_numpy(b[self.dist.rank :: self.dist.world].astype(np.int64)).to(self.device)
@@ -161,7 +152,7 @@ class NgramTrainer(Trainer):
         modeldir.save_weights(self.model_dir, model, meta)
 
     def describe(self) -> dict:
-        return {"corpus": self.corpus, "sentences": self.info.lines, "train_ngrams": self.info.train_ngrams,
+        return {"corpus": self.data, "sentences": self.info.lines, "train_ngrams": self.info.train_ngrams,
                 "valid_ngrams": int(len(self.valid))}
 
 
@@ -175,9 +166,6 @@ def train(corpus: str, model_dir: str, cfg: TrainConfig, resume: bool = False, p
     `train_seconds`, `epochs` and the perplexity history.
     """
     trainer = NgramTrainer(corpus, model_dir, cfg, resume, progress, trace)
-    try:
-        summary = trainer.run()
-    finally:
-        trainer.dist.stop()
+    summary = trainer.run()
     summary["epochs"] = summary["steps"] // trainer.eval_every
     return summary

@@ -52,7 +52,7 @@ from . import modelio
 from .modelbase import preset_config, preset_vocab
 from .modelio import build_model
 from .phrasetable import read_phrase_table
-from .trainer import Trainer
+from .trainer import Trainer, apply_recipe
 from .vocab import EOS, Vocabulary
 
 RECIPES: dict[str, dict] = {
@@ -88,11 +88,7 @@ class TrainConfig:
     arch: str = "encdec"  # "encdec" (Cho et al., 2014) or "rnnsearch" (Bahdanau et al., 2015)
 
     def __post_init__(self):
-        if self.recipe not in RECIPES:
-            raise ValueError(f"unknown recipe {self.recipe!r}; choose from {', '.join(RECIPES)}")
-        for name, value in RECIPES[self.recipe].items():
-            if getattr(self, name) is None:
-                setattr(self, name, value)
+        apply_recipe(self, RECIPES)
 
 
 class PairCorpus:
@@ -271,27 +267,22 @@ class PairObjective(torch.nn.Module):
 class PairTrainer(Trainer):
     unit = "pairs"
 
-    def __init__(self, table: str, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,
-                 trace: bool = False):
-        super().__init__(model_dir, cfg, resume, progress, trace)
-        self.table = table
-
     def prepare(self) -> None:
         cfg = self.cfg
         vocab = preset_vocab(cfg.preset, cfg.arch)  # checks the preset's name first
-        pairs = read_unique_pairs(self.table)
+        pairs = read_unique_pairs(self.data)
         if self.resumed:
             self.model_cfg, _ = modelio.read_config(self.model_dir)
             self.src_vocab, self.tgt_vocab = modelio.load_vocabularies(self.model_dir)
         else:
             self.src_vocab, self.tgt_vocab = build_vocabularies(
-                self.table, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
+                self.data, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
             if self.dist.is_main:
                 modelio.save_vocabularies(self.model_dir, self.src_vocab, self.tgt_vocab)
             self.model_cfg = preset_config(cfg.preset, len(self.src_vocab), len(self.tgt_vocab), cfg.arch)
-        self.corpus = load_corpus(self.table, self.src_vocab, self.tgt_vocab, pairs)
+        self.corpus = load_corpus(self.data, self.src_vocab, self.tgt_vocab, pairs)
         if len(self.corpus) < 2:
-            raise ValueError(f"{self.table}: needs at least 2 distinct phrase pairs to train, has {len(self.corpus)}")
+            raise ValueError(f"{self.data}: needs at least 2 distinct phrase pairs to train, has {len(self.corpus)}")
         self.train_idx, self.valid_idx = split_indices(len(self.corpus), cfg.valid_pairs, cfg.seed)
         if cfg.bucket:
             self.order = BucketedBatches(self.corpus, self.train_idx, cfg.batch_size, cfg.seed)
@@ -343,7 +334,7 @@ class PairTrainer(Trainer):
         modelio.save_model(self.model_dir, model, meta)
 
     def describe(self) -> dict:
-        return {"table": self.table, "pairs": len(self.corpus), "train_pairs": len(self.train_idx),
+        return {"table": self.data, "pairs": len(self.corpus), "train_pairs": len(self.train_idx),
                 "valid_pairs": len(self.valid_idx)}
 
 
@@ -355,8 +346,4 @@ def train(table: str, model_dir: str, cfg: TrainConfig, resume: bool = False, pr
     steps), held-out perplexities with their step and training time
     (`valid_ppl_history`) and, with `trace`, the loss of every step.
     """
-    trainer = PairTrainer(table, model_dir, cfg, resume, progress, trace)
-    try:
-        return trainer.run()
-    finally:
-        trainer.dist.stop()
+    return PairTrainer(table, model_dir, cfg, resume, progress, trace).run()

@@ -46,6 +46,15 @@ from .runtime import Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, c
 RUN_CONTROL = ("max_steps", "max_minutes", "max_epochs", "device", "threads", "dtype")
 
 
+def apply_recipe(cfg, recipes: dict[str, dict]) -> None:
+    """Fill the fields of a training config left None with its recipe's values (`cfg.recipe`)."""
+    if cfg.recipe not in recipes:
+        raise ValueError(f"unknown recipe {cfg.recipe!r}; choose from {', '.join(recipes)}")
+    for name, value in recipes[cfg.recipe].items():
+        if getattr(cfg, name) is None:
+            setattr(cfg, name, value)
+
+
 class Trainer:
     """Train (or resume) one model into `model_dir`; `run()` returns the summary.
 
@@ -56,8 +65,10 @@ class Trainer:
 
     unit = "examples"
 
-    def __init__(self, model_dir: str, cfg, resume: bool = False, progress: bool = True, trace: bool = False):
-        self.model_dir, self.progress, self.trace = model_dir, progress, trace
+    def __init__(self, data: str, model_dir: str, cfg, resume: bool = False, progress: bool = True,
+                 trace: bool = False):
+        """`data`: the training data's path (a phrase table, a text corpus); `trace`: keep every step's loss."""
+        self.data, self.model_dir, self.progress, self.trace = data, model_dir, progress, trace
         self.dist = Distributed.from_env()
         self.state = None
         if resume:
@@ -123,6 +134,13 @@ class Trainer:
         return math.exp(nll / max(tokens, 1))
 
     def run(self) -> dict:
+        """Train to the end (steps, minutes or patience), leave the process group, return the summary."""
+        try:
+            return self._run()
+        finally:
+            self.dist.stop()
+
+    def _run(self) -> dict:
         cfg, dist = self.cfg, self.dist
         self.prepare()
         tuner = ThreadTuner(self.device, choose_threads(self.device, cfg.threads, self.big_model(), dist.local_world))
