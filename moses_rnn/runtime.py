@@ -20,6 +20,7 @@ engine and server, the benchmarks):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import statistics
@@ -122,7 +123,9 @@ class ThreadTuner:
 
     Every `period` steps it runs `trial` steps at each candidate count (1, 2,
     4, ... up to the cores it may use), compares the median step times and
-    keeps the fastest. The first trial starts after `warmup` steps. With a
+    keeps the fastest. The first trial starts after `warmup` steps; a new one
+    starts at once when the median of the last 8 steps grows to `slowdown`
+    times the chosen count's trial median (a neighbour took a core). With a
     fixed `threads` or on a GPU it does nothing.
 
     Use: `tuner.before_step(step)` sets the count for that step;
@@ -130,7 +133,7 @@ class ThreadTuner:
     """
 
     def __init__(self, device: torch.device, threads: int | None, period: int = 2000, trial: int = 6,
-                 warmup: int = 5, cores: int | None = None):
+                 warmup: int = 5, cores: int | None = None, slowdown: float = 1.6):
         cores = cores or cpu_count()
         self.active = device.type == "cpu" and threads is None and cores > 1
         counts, c = [], 1
@@ -144,13 +147,17 @@ class ThreadTuner:
         self._times: dict[int, list[float]] = {}
         self._step_threads, self._step = self.current, 0
         self.decisions: list[tuple[int, int]] = []  # (step, threads chosen)
+        self.slowdown, self._chosen_time, self._recent = slowdown, None, collections.deque(maxlen=8)
+        self._retrial = False
         if device.type == "cpu":
             torch.set_num_threads(self.current)
 
     def before_step(self, step: int) -> None:
         if not self.active:
             return
-        if not self._plan and step >= self.warmup and (step - self.warmup) % self.period == 0:
+        due = step >= self.warmup and (step - self.warmup) % self.period == 0
+        if not self._plan and (due or self._retrial):
+            self._retrial = False
             # interleave the candidates so that a change of load hits all of them alike
             self._plan = [c for _ in range(self.trial) for c in self.candidates]
             self._times = {c: [] for c in self.candidates}
@@ -160,12 +167,21 @@ class ThreadTuner:
         self._step_threads, self._step = n, step
 
     def after_step(self, seconds: float) -> None:
-        if not self.active or not self._times:
+        if not self.active:
+            return
+        if not self._times:  # between trials: watch for a slowdown
+            self._recent.append(seconds)
+            if (self._chosen_time is not None and len(self._recent) == self._recent.maxlen
+                    and statistics.median(self._recent) > self.slowdown * self._chosen_time):
+                self._retrial = True
+                self._recent.clear()
             return
         self._times[self._step_threads].append(seconds)
         if not self._plan:  # the trial is over: keep the fastest count
             med = {c: statistics.median(t) for c, t in self._times.items() if t}
             self.current = min(med, key=lambda c: (med[c], -c))
+            self._chosen_time = med[self.current]
+            self._recent.clear()
             torch.set_num_threads(self.current)
             self.decisions.append((self._step, self.current))
             self._times = {}

@@ -211,3 +211,20 @@ def test_torchrun_two_processes_follow_the_single_process_run(tmp_path, example_
     assert (one["processes"], two["processes"]) == (1, 2) and one["pairs_seen"] == two["pairs_seen"] == 12 * 32
     assert two["loss_trace"] == pytest.approx(one["loss_trace"], rel=1e-4, abs=1e-5)
     assert two["valid_ppl"] == pytest.approx(one["valid_ppl"], rel=1e-4)
+
+
+def test_thread_tuner_tries_again_when_a_neighbour_slows_it_down():
+    tuner = ThreadTuner(torch.device("cpu"), None, period=10**6, trial=2, warmup=0, cores=2)
+    cost = {1: 2.0, 2: 1.0}
+    try:
+        for step in range(4):  # the first trial: 2 threads are faster
+            tuner.before_step(step)
+            tuner.after_step(cost[torch.get_num_threads()])
+        assert tuner.current == 2
+        cost = {1: 2.0, 2: 9.0}  # a neighbour takes a core: two threads now wait on each other
+        for step in range(4, 30):
+            tuner.before_step(step)
+            tuner.after_step(cost[torch.get_num_threads()])
+        assert tuner.current == 1 and len(tuner.decisions) == 2
+    finally:
+        torch.set_num_threads(1)
