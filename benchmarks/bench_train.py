@@ -139,6 +139,7 @@ def startup_rnn(table: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
+    ap.add_argument("--nets", default="rnn,cslm", help="which networks: rnn, cslm or both")
     ap.add_argument("--steps", type=int, default=0, help="training steps per measurement [by preset]")
     ap.add_argument("--lines", type=int, default=200000, help="phrase-table lines the RNN trains on")
     ap.add_argument("--quick", action="store_true", help="small preset, few steps, no start-up timing")
@@ -162,15 +163,16 @@ def main() -> None:
     src_len, tgt_len = float(corpus.src_len.mean()), float(corpus.tgt_len.mean())
     conditions = [("idle", 1), ("idle", cores), ("busy", 1), ("busy", cores), ("busy", None)] if cores > 1 else \
         [("idle", 1)]
-    for net in ("rnn", "cslm"):
+    nets = a.nets.split(",")
+    for net in nets:
         for preset in presets:
             if net == "rnn":
                 flops = rnn_flops_per_pair(preset, len(sv), len(tv), src_len, tgt_len - 1, 2048)
-                steps = a.steps or (12 if a.quick else {"small": 60, "paper": 16}.get(preset, 30))
+                steps = a.steps or (12 if a.quick else {"small": 150, "paper": 30}.get(preset, 30))
                 fn = lambda th, st=steps, p=preset: run_rnn(table, p, th, st, work)  # noqa: E731
             else:
                 flops = cslm_flops_per_ngram(preset)
-                steps = a.steps or (12 if a.quick else {"small": 120, "paper": 24}.get(preset, 40))
+                steps = a.steps or (12 if a.quick else {"small": 120, "paper": 30}.get(preset, 40))
                 fn = lambda th, st=steps, p=preset: run_cslm(str(FR_TEXT), p, th, st, work)  # noqa: E731
             for load, threads in conditions:
                 ctx = busy_neighbour() if load == "busy" else contextlib.nullcontext()
@@ -188,7 +190,7 @@ def main() -> None:
                 report["runs"].append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
     summary = {}
-    for net in ("rnn", "cslm"):
+    for net in nets:
         for preset in presets:
             rows = {(r["load"], r["threads"]): r for r in report["runs"] if r["net"] == net and r["preset"] == preset}
             key = f"{net}_{preset}"
