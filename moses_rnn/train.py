@@ -314,7 +314,8 @@ class PairTrainer(Trainer):
         index = self.order(step)
         args = corpus.batch(index[self.dist.rank :: self.dist.world], self.device)
         if cfg.sampled_softmax:
-            targets = corpus.tgt[np.concatenate([np.arange(corpus.tgt_off[i], corpus.tgt_off[i + 1]) for i in index])]
+            ids, mask = corpus.padded(index, "tgt")  # the global batch's target words, without a per-pair loop
+            targets = ids[mask]
             cand, log_q = sampled_candidates(targets, self.model_cfg.tgt_vocab, cfg.sampled_softmax, cfg.seed, step)
             position = np.searchsorted(cand, args[2].cpu().numpy())  # pads (id 0) map anywhere: masked out
             position = np.minimum(position, len(cand) - 1)

@@ -164,6 +164,10 @@ class Trainer:
         clip = getattr(cfg, "clip", None)
         meta = {**self.describe(), "train_config": asdict(cfg)}
 
+        def record(ppl: float) -> None:
+            loop["history"].append({"step": loop["step"], "train_seconds": watch.seconds,
+                                    "examples_seen": loop["examples_seen"], "valid_ppl": ppl})
+
         def checkpoint(ppl: float) -> None:
             if ppl < loop["best_valid_ppl"] or not loop["saved"]:
                 loop["best_valid_ppl"], loop["since_best"], loop["saved"] = min(loop["best_valid_ppl"], ppl), 0, True
@@ -214,8 +218,7 @@ class Trainer:
             loss_ema = value if loss_ema is None else 0.98 * loss_ema + 0.02 * value
             if loop["step"] % self.eval_every == 0 or loop["step"] == self.max_steps:
                 ppl, evaluated_at = self.evaluate(model), loop["step"]
-                loop["history"].append({"step": loop["step"], "train_seconds": watch.seconds,
-                                        "examples_seen": loop["examples_seen"], "valid_ppl": ppl})
+                record(ppl)
                 loop["train_seconds"] = watch.seconds
                 checkpoint(ppl)
             rate = (loop["examples_seen"] - run_start_seen) / max(watch.seconds - run_start_seconds, 1e-9)
@@ -227,8 +230,7 @@ class Trainer:
         if evaluated_at != loop["step"] and stopped != "patience":  # stopped by the clock, or nothing to do
             ppl = self.evaluate(model)
             if loop["step"] > run_start_step:
-                loop["history"].append({"step": loop["step"], "train_seconds": watch.seconds,
-                                        "examples_seen": loop["examples_seen"], "valid_ppl": ppl})
+                record(ppl)
             checkpoint(ppl)
         dist.barrier()
         summary = {
