@@ -161,6 +161,11 @@ def test_add_to_moses_registers_once(tmp_path):
     factory = ff / "Factory.cpp"
     factory.write_text('#include "util/exception.hh"\n#include "moses/FF/Factory.h"\n#include "x.h"\n'
                        "void f() {\n  MOSES_FNAME(ExampleStatefulFF);\n  MOSES_FNAME(Other);\n}\n")
+    search = ff.parent / "SearchNormal.cpp"  # the three places the buffer hooks into, as in Moses
+    search.write_text('#include "Manager.h"\n#include "SearchNormal.h"\n\nbool SearchNormal::ProcessOneStack() {\n'
+                      "  for (h = c.begin(); h != c.end(); ++h)\n    ProcessOneHypothesis(**h);\n  return true;\n}\n"
+                      "void SearchNormal::ExpandHypothesis() {\n  if (x) {\n"
+                      "    newHypo->EvaluateWhenApplied(estimatedScore);\n  }\n}\n")
     for _ in range(2):
         r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path / "mosesdecoder")],
                            capture_output=True, text=True, timeout=60)
@@ -168,8 +173,19 @@ def test_add_to_moses_registers_once(tmp_path):
     text = factory.read_text()
     assert text.count('#include "moses/FF/CSLM.h"') == 1 and text.count("MOSES_FNAME(CSLM);") == 1
     assert text.index("MOSES_FNAME(ExampleStatefulFF);") < text.index("MOSES_FNAME(CSLM);")
+    hooked = search.read_text()
+    assert hooked.count("CSLMBuffer") == 3 and hooked.count('#include "moses/FF/CSLMBuffer.h"') == 1
+    assert hooked.index("ProcessOneHypothesis(**h);") < hooked.index("CSLMBuffer::Flush();") < hooked.index("return true;")
+    assert hooked.index("CSLMBuffer::Hold(newHypo") < hooked.index("newHypo->EvaluateWhenApplied(estimatedScore);")
     names = {p.name for p in ff.iterdir()}
-    assert {"CSLM.h", "CSLM.cpp", "cslm_ngrams.h", "cslm_client.h", "cslm_client.cpp"} <= names
+    assert {"CSLM.h", "CSLM.cpp", "CSLMBuffer.h", "CSLMBuffer.cpp", "cslm_ngrams.h", "cslm_client.h",
+            "cslm_client.cpp", "cslm_local.h", "cslm_local.cpp"} <= names
+    # a Moses whose search this script does not know: a clear error, the file untouched
+    search.write_text("// something else\n")
+    r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path / "mosesdecoder")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "could not hook the CSLM buffer" in r.stderr
+    assert search.read_text() == "// something else\n"
     r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path)], capture_output=True, text=True)
     assert r.returncode != 0 and "a mosesdecoder checkout?" in r.stderr
 

@@ -10,12 +10,16 @@
 #include <sstream>
 
 #include <boost/functional/hash.hpp>
+#include <boost/unordered_set.hpp>
 #include <boost/scoped_ptr.hpp>
 
+#include "CSLMBuffer.h"
 #include "cslm_client.h"
+#include "cslm_local.h"
 #include "cslm_ngrams.h"
 #include "moses/Factor.h"
 #include "moses/Hypothesis.h"
+#include "moses/InputType.h"
 #include "moses/Manager.h"
 #include "moses/Phrase.h"
 #include "moses/ScoreComponentCollection.h"
@@ -35,17 +39,23 @@ bool CSLMState::operator==(const FFState& other) const {
 }
 
 struct CSLM::ThreadData {
-  ThreadData(size_t cache_size) : cache(cache_size), requests(0) {}
-  boost::scoped_ptr<cslm::Client> client;
+  ThreadData(size_t cache_size) : cache(cache_size), requests(0), evaluated(0), hits(0) {}
+  boost::scoped_ptr<cslm::Client> client;  // server mode
+  cslm::LocalModel::Scratch scratch;       // in process
   cslm::NgramCache cache;
   boost::unordered_map<const Factor*, uint32_t> ids;  // this thread's word -> id memo
-  size_t requests;
+  std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request
+  boost::unordered_set<std::string> queued_keys;
+  size_t requests, evaluated, hits;        // this sentence's (stats=1)
 };
 
 CSLM::CSLM(const std::string& line)
     : StatefulFeatureFunction(2, line),
       m_host("127.0.0.1"),
       m_port(-1),
+      m_selfNorm(-1),
+      m_buffer(0),
+      m_stats(false),
       m_order(0),
       m_iniOrder(0),
       m_factorType(0),
@@ -56,12 +66,16 @@ CSLM::CSLM(const std::string& line)
       m_prefetch(8),
       m_bos(0),
       m_eos(0),
-      m_unk(0) {
+      m_unk(0),
+      m_stateIndex(-1) {
   ReadParameters();
   UTIL_THROW_IF2(m_numScoreComponents < 1 || m_numScoreComponents > 2,
                  GetScoreProducerDescription() << ": num-features must be 1 (log-probability) or 2 "
                                                   "(log-probability, unknown words)");
-  UTIL_THROW_IF2(m_port <= 0 || m_port > 65535, GetScoreProducerDescription() << ": give port=N (the port of `cslm serve`)");
+  UTIL_THROW_IF2(m_port != -1 && (m_port <= 0 || m_port > 65535),
+                 GetScoreProducerDescription() << ": port= must be the port of `cslm serve` (1..65535)");
+  UTIL_THROW_IF2(m_port == -1 && m_path.empty(),
+                 GetScoreProducerDescription() << ": give path=MODEL_DIR (in process) or port=N (a `cslm serve` server)");
 }
 
 CSLM::~CSLM() {}
@@ -87,6 +101,14 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_floor = Scan<float>(value);
   } else if (key == "prefetch") {
     m_prefetch = Scan<size_t>(value);
+  } else if (key == "buffer") {
+    m_buffer = Scan<size_t>(value);
+  } else if (key == "stats") {
+    m_stats = Scan<bool>(value);
+  } else if (key == "self-normalized") {
+    UTIL_THROW_IF2(value != "auto" && value != "true" && value != "false",
+                   GetScoreProducerDescription() << ": self-normalized= must be auto, true or false");
+    m_selfNorm = value == "auto" ? -1 : value == "true";
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }
@@ -103,29 +125,54 @@ void CSLM::Fatal(const std::string& message) const {
 void CSLM::Load(AllOptions::ptr const& opts) {
   m_options = opts;
   const std::string who = GetScoreProducerDescription();
-  std::ostringstream where;
-  where << m_host << ":" << m_port;
+  const std::vector<const StatefulFeatureFunction*>& stateful = StatefulFeatureFunction::GetStatefulFeatureFunctions();
+  for (size_t i = 0; i < stateful.size(); ++i)
+    if (stateful[i] == this) m_stateIndex = static_cast<int>(i);
+  UTIL_THROW_IF2(m_stateIndex < 0, who << ": not among the stateful features");
+
   std::vector<std::string> words;
-  try {
-    cslm::Client client(m_host, static_cast<uint16_t>(m_port), m_timeout);
-    m_order = client.order();
-    m_bos = client.bos_id();
-    m_eos = client.eos_id();
-    m_unk = client.unk_id();
-    m_checksum = client.checksum();
-    words = client.vocabulary();
-  } catch (const std::exception& e) {
-    UTIL_THROW2(who << ": cannot use the CSLM server at " << where.str() << ": " << e.what()
-                    << "\n  Start it first: cslm serve MODEL_DIR --port " << m_port
-                    << " (and check host=/port= on the CSLM line of moses.ini)");
+  std::ostringstream where;
+  if (m_port == -1) {  // in process: the model directory's weights
+    where << m_path << " (in process)";
+    try {
+      m_local_model.reset(new cslm::LocalModel(m_path));
+    } catch (const std::exception& e) {
+      UTIL_THROW2(who << ": cannot load the CSLM: " << e.what());
+    }
+    const cslm::LocalModel& lm = *m_local_model;
+    m_order = lm.order();
+    m_bos = lm.bos_id();
+    m_eos = lm.eos_id();
+    m_unk = lm.unk_id();
+    words = lm.vocabulary();
+    if (m_selfNorm == -1) m_selfNorm = lm.self_normalized();
+    if (m_selfNorm && !lm.self_normalized())
+      std::cerr << who << ": warning: self-normalized=true but " << m_path
+                << " was trained without --self-norm: its o_w are not log-probabilities" << std::endl;
+    m_prefetch = 0;  // no round trips to fill
+  } else {
+    where << m_host << ":" << m_port;
+    try {
+      cslm::Client client(m_host, static_cast<uint16_t>(m_port), m_timeout);
+      m_order = client.order();
+      m_bos = client.bos_id();
+      m_eos = client.eos_id();
+      m_unk = client.unk_id();
+      m_checksum = client.checksum();
+      words = client.vocabulary();
+    } catch (const std::exception& e) {
+      UTIL_THROW2(who << ": cannot use the CSLM server at " << where.str() << ": " << e.what()
+                      << "\n  Start it first: cslm serve MODEL_DIR --port " << m_port
+                      << " (and check host=/port= on the CSLM line of moses.ini)");
+    }
   }
-  UTIL_THROW_IF2(m_order < 2, who << ": the server at " << where.str() << " reports order " << m_order);
+  UTIL_THROW_IF2(m_order < 2, who << ": " << where.str() << " reports order " << m_order);
   UTIL_THROW_IF2(m_iniOrder && m_iniOrder != m_order,
-                 who << ": moses.ini says order=" << m_iniOrder << " but the server at " << where.str()
-                     << " serves a " << m_order << "-gram model");
+                 who << ": moses.ini says order=" << m_iniOrder << " but " << where.str() << " is a " << m_order
+                     << "-gram model");
   for (size_t i = 0; i < words.size(); ++i) m_vocab[words[i]] = static_cast<uint32_t>(i);
 
-  if (!m_path.empty()) {  // the server must serve this model: same vocabulary, same ids
+  if (m_port != -1 && !m_path.empty()) {  // the server must serve this model: same vocabulary, same ids
     const std::string file = m_path + "/cslm.vocab";
     std::ifstream in(file.c_str());
     UTIL_THROW_IF2(!in, who << ": cannot read " << file << " (path= must be the model directory)");
@@ -141,8 +188,28 @@ void CSLM::Load(AllOptions::ptr const& opts) {
                    who << ": the server at " << where.str() << " serves a model whose vocabulary differs from "
                        << file << " (" << words.size() << " vs " << n << " words)");
   }
-  std::cerr << who << ": CSLM server " << where.str() << ", order " << m_order << ", vocabulary "
-            << words.size() << ", checksum " << m_checksum.substr(0, 12) << std::endl;
+
+  // The buffer works with the normal stack search, without early discarding (CSLMBuffer.h).
+  std::string buffering = "per hypothesis";
+  if (m_buffer) {
+    if (opts->search.algo != Normal) {
+      buffering = "per hypothesis (buffer= needs -search-algorithm 0; cube pruning asks per hypothesis)";
+    } else if (opts->search.UseEarlyDiscarding()) {
+      buffering = "per hypothesis (buffer= is off with early discarding)";
+    } else {
+      CSLMBuffer::Register(this);
+      std::ostringstream b;
+      b << "buffered, " << m_buffer << " n-grams per request";
+      buffering = b.str();
+    }
+  }
+  std::cerr << who << ": CSLM " << where.str() << ", order " << m_order << ", vocabulary " << words.size();
+  if (m_local_model)
+    std::cerr << ", " << (m_selfNorm ? "self-normalised (o_w)" : "exact softmax") << ", premultiplied tables "
+              << m_local_model->table_bytes() / (1 << 20) << " MiB";
+  else
+    std::cerr << ", checksum " << m_checksum.substr(0, 12);
+  std::cerr << ", scoring " << buffering << std::endl;
 }
 
 CSLM::ThreadData& CSLM::Local() const {
@@ -184,7 +251,7 @@ void CSLM::PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>
 void CSLM::Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count,
                  std::vector<float>* logprobs) const {
   logprobs->assign(count, 0.0f);
-  // Look in the cache first; send the rest in one request.
+  // Look in the cache first; evaluate the rest at once.
   std::vector<uint32_t> missing;
   std::vector<size_t> where;
   for (size_t i = 0; i < count; ++i) {
@@ -194,14 +261,32 @@ void CSLM::Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t cou
       where.push_back(i);
     }
   }
+  td.hits += count - where.size();
   if (where.empty()) return;
   std::vector<float> lp(where.size());
   std::vector<uint8_t> fl(where.size());
+  Evaluate(td, &missing[0], where.size(), &lp[0], &fl[0]);
+  for (size_t k = 0; k < where.size(); ++k) {
+    (*logprobs)[where[k]] = lp[k];
+    td.cache.insert(&missing[k * m_order], m_order, lp[k], fl[k]);
+  }
+}
+
+void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) const {
+  td.evaluated += count;
+  if (m_local_model) {
+    m_local_model->Score(ngrams, count, !m_selfNorm, logprobs, &td.scratch);
+    for (size_t k = 0; k < count; ++k) {
+      flags[k] = ngrams[k * m_order + m_order - 1] == m_unk ? cslm::kUnknown : 0;
+      if (!(logprobs[k] >= m_floor)) logprobs[k] = m_floor;  // also catches NaN and -inf
+    }
+    return;
+  }
   std::string last_error;
   for (int attempt = 0; attempt <= m_retries; ++attempt) {
     try {
       if (!td.client || !td.client->connected()) Connect(td);
-      td.client->score(&missing[0], where.size(), m_order, &lp[0], &fl[0]);
+      td.client->score(ngrams, count, m_order, logprobs, flags);
       ++td.requests;
       last_error.clear();
       break;
@@ -227,12 +312,8 @@ void CSLM::Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t cou
         << " retries; stopping the decoder";
     Fatal(msg.str());
   }
-  for (size_t k = 0; k < where.size(); ++k) {
-    float v = lp[k];
-    if (!(v >= m_floor)) v = m_floor;  // also catches NaN and -inf
-    (*logprobs)[where[k]] = v;
-    td.cache.insert(&missing[k * m_order], m_order, v, fl[k]);
-  }
+  for (size_t k = 0; k < count; ++k)
+    if (!(logprobs[k] >= m_floor)) logprobs[k] = m_floor;  // also catches NaN and -inf
 }
 
 void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*input*/,
@@ -310,7 +391,7 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
     std::vector<float> lp;
     if (!Cached(td, ngrams, count, &lp)) {
       // A round trip is due: fill it with the likely next questions.
-      if (m_prefetch) AddPrefetch(td, hypo, prev.Words(), &ngrams);
+      if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev.Words(), &ngrams);
       Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
     }
     float sum = 0.0f;
@@ -320,6 +401,47 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
     accumulator->PlusEquals(this, scores);
   }
   return new CSLMState(next);
+}
+
+size_t CSLM::Queue(const Hypothesis& hypo) const {
+  ThreadData& td = Local();
+  const CSLMState& prev = static_cast<const CSLMState&>(*hypo.GetPrevHypo()->GetFFState(m_stateIndex));
+  std::vector<uint32_t> ids, ngrams, next;
+  PhraseIds(td, hypo.GetCurrTargetPhrase(), &ids);
+  const size_t count =
+      cslm::boundary_ngrams(prev.Words(), ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos, &ngrams, &next);
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t* g = &ngrams[i * m_order];
+    float lp;
+    uint8_t fl;
+    if (td.cache.find(g, m_order, &lp, &fl) || !td.queued_keys.insert(cslm::NgramCache::key(g, m_order)).second)
+      continue;  // known, or queued already
+    td.queued.insert(td.queued.end(), g, g + m_order);
+  }
+  return td.queued.size() / m_order;
+}
+
+void CSLM::ScoreQueued() const {
+  ThreadData& td = Local();
+  const size_t count = td.queued.size() / m_order;
+  td.cache.make_room(count);  // every value stays until the held hypotheses are evaluated
+  for (size_t at = 0; at < count; at += m_buffer) {
+    const size_t n = std::min(m_buffer, count - at);
+    std::vector<float> lp(n);
+    std::vector<uint8_t> fl(n);
+    Evaluate(td, &td.queued[at * m_order], n, &lp[0], &fl[0]);
+    for (size_t k = 0; k < n; ++k) td.cache.insert(&td.queued[(at + k) * m_order], m_order, lp[k], fl[k]);
+  }
+  td.queued.clear();
+  td.queued_keys.clear();
+}
+
+void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
+  ThreadData& td = Local();
+  if (m_stats)
+    std::cerr << GetScoreProducerDescription() << ": sentence " << source.GetTranslationId() << ": requests "
+              << td.requests << ", n-grams evaluated " << td.evaluated << ", cache hits " << td.hits << std::endl;
+  td.requests = td.evaluated = td.hits = 0;
 }
 
 FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

@@ -1,10 +1,19 @@
-// CSLM.h -- Moses feature function: a continuous-space language model served
-// by `cslm serve` over TCP (Cho et al., 2014, Sec. 4.1.2 and the word penalty).
+// CSLM.h -- Moses feature function: a continuous-space language model
+// (Cho et al., 2014, Sec. 4.1.2 and the word penalty), evaluated in the
+// decoder's process or served by `cslm serve` over TCP.
 //
 //   [feature]
-//   CSLM name=CSLM0 host=127.0.0.1 port=5107 order=7 path=/models/cslm
+//   CSLM name=CSLM0 path=/models/cslm order=7                       # in process (CPU)
+//   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096          # a server (GPU, shared)
 //   [weight]
 //   CSLM0= 0.1 -0.1
+//
+// In process (no port=): cslm::LocalModel reads the model directory; a
+// self-normalised model (`cslm train --self-norm`) is asked for o_w alone,
+// another for the exact softmax (self-normalized=auto|true|false).
+// Through a server (port=): one request per hypothesis whose n-grams miss the
+// cache (with prefetch), or, with buffer=N in the normal stack search, one
+// request per N queued n-grams or per stack (CSLMBuffer.h).
 //
 // Scores: (1) the natural-log probability of the target words (and of </s>
 // when a hypothesis completes the sentence); (2) with num-features=2 (the
@@ -18,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include <boost/scoped_ptr.hpp>
 #include <boost/thread/tss.hpp>
 #include <boost/unordered_map.hpp>
 
@@ -27,6 +37,7 @@
 
 namespace cslm {
 class Client;
+class LocalModel;
 class NgramCache;
 }
 
@@ -69,15 +80,30 @@ class CSLM : public StatefulFeatureFunction {
   FFState* EvaluateWhenApplied(const ChartHypothesis& hypo, int featureID,
                                ScoreComponentCollection* accumulator) const;
 
+  // The buffer (CSLMBuffer.h). BufferSize: n-grams per buffered request.
+  // Queue: adds the boundary n-grams of a new hypothesis that the cache lacks to
+  // this thread's queue; returns the queue's length. ScoreQueued: scores the
+  // queue into the cache (one request per BufferSize n-grams) and empties it.
+  size_t BufferSize() const { return m_buffer; }
+  size_t Queue(const Hypothesis& hypo) const;
+  void ScoreQueued() const;
+
+ protected:
+  // Per sentence (stats=1): requests, n-grams evaluated, cache hits.
+  void CleanUpAfterSentenceProcessing(const InputType& source);
+
  private:
   struct ThreadData;  // one connection, its caches
 
   ThreadData& Local() const;
   void Connect(ThreadData& td) const;
   void PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>* ids) const;
-  // Scores `count` n-grams of m_order ids each, through the thread's cache;
-  // reconnects on a lost connection, at most m_retries times, then stops the decoder.
+  // Scores `count` n-grams of m_order ids each, through the thread's cache.
   void Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
+  // Evaluates `count` n-grams (no cache) in process or with one request to the
+  // server; reconnects on a lost connection, at most m_retries times, then
+  // stops the decoder.
+  void Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) const;
   void Fatal(const std::string& message) const;
   // True, with their log-probabilities, if the first `count` n-grams are all in the thread's cache.
   bool Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
@@ -87,7 +113,10 @@ class CSLM : public StatefulFeatureFunction {
                    std::vector<uint32_t>* ngrams) const;
 
   std::string m_host;
-  int m_port;
+  int m_port;              // -1: in process
+  int m_selfNorm;          // in process: 1 o_w alone, 0 the softmax, -1 as the model was trained
+  size_t m_buffer;         // n-grams per buffered request; 0: no buffer
+  bool m_stats;
   unsigned m_order;        // the server's n (order= in the ini must agree)
   unsigned m_iniOrder;     // 0 if not given
   std::string m_path;      // model directory: its vocabulary must be the server's
@@ -102,6 +131,8 @@ class CSLM : public StatefulFeatureFunction {
   uint32_t m_bos, m_eos, m_unk;
   std::string m_checksum;
   boost::unordered_map<std::string, uint32_t> m_vocab;
+  boost::scoped_ptr<cslm::LocalModel> m_local_model;  // in process only
+  int m_stateIndex;        // this feature's slot among the hypothesis' states
 
   mutable boost::thread_specific_ptr<ThreadData> m_local;
 };

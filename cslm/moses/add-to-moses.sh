@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # add-to-moses.sh MOSES_DIR -- copy the CSLM feature function into a Moses
-# checkout (mosesdecoder) and register it in moses/FF/Factory.cpp. It builds
-# nothing: rebuild Moses afterwards with its usual bjam command.
-# Running it again refreshes the copied sources; the registration is added once.
+# checkout (mosesdecoder), register it in moses/FF/Factory.cpp, and hook the
+# n-gram buffer (CSLMBuffer.h) into moses/SearchNormal.cpp. It builds nothing:
+# rebuild Moses afterwards with its usual bjam command.
+# Running it again refreshes the copied sources; registration and hook are added once.
 set -euo pipefail
 moses=${1:?usage: add-to-moses.sh /path/to/mosesdecoder}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -10,7 +11,12 @@ ff=$moses/moses/FF
 factory=$ff/Factory.cpp
 [ -f "$factory" ] || { echo "add-to-moses.sh: $factory not found: is $moses a mosesdecoder checkout?" >&2; exit 1; }
 
-cp "$here/CSLM.h" "$here/CSLM.cpp" "$here/cslm_ngrams.h" "$ff/"
+search=$moses/moses/SearchNormal.cpp
+[ -f "$search" ] || { echo "add-to-moses.sh: $search not found: is $moses a mosesdecoder checkout?" >&2; exit 1; }
+
+cp "$here/CSLM.h" "$here/CSLM.cpp" "$here/CSLMBuffer.h" "$here/CSLMBuffer.cpp" "$here/cslm_ngrams.h" "$ff/"
+cp "$here/../cpp/cslm_local.h" "$ff/cslm_local.h"
+cp "$here/../cpp/cslm_local.cc" "$ff/cslm_local.cpp"
 cp "$here/../cpp/cslm_client.h" "$ff/cslm_client.h"
 cp "$here/../cpp/cslm_client.cc" "$ff/cslm_client.cpp"   # Moses' Jamfile compiles moses/FF/*.cpp
 
@@ -22,4 +28,15 @@ if ! grep -q 'MOSES_FNAME(CSLM);' "$factory"; then
 fi
 grep -q '"moses/FF/CSLM.h"' "$factory" && grep -q 'MOSES_FNAME(CSLM);' "$factory" \
   || { echo "add-to-moses.sh: could not register CSLM in $factory; add the include and MOSES_FNAME(CSLM); by hand" >&2; exit 1; }
+# The buffer's hook: hold new hypotheses, flush after each stack (see CSLMBuffer.h).
+if ! grep -q 'CSLMBuffer' "$search"; then
+  perl -0p -e '
+    s{(#include "SearchNormal.h"\n)}{$1#include "moses/FF/CSLMBuffer.h"\n};
+    s{(\n\s*ProcessOneHypothesis\(\*\*h\);\n)([ \t]*)(return true;)}{$1$2CSLMBuffer::Flush();  // the CSLM buffer: score before the next stack is pruned\n$2$3};
+    s{\n(\s*)(newHypo->EvaluateWhenApplied\(estimatedScore\);)}{\n$1// the CSLM buffer: held, then evaluated and added to its stack at the flush\n$1if (CSLMBuffer::Hold(newHypo, estimatedScore, m_hypoStackColl[newHypo->GetWordsBitmap().GetNumWordsCovered()])) return;\n$1$2};
+  ' "$search" > "$search.cslm.tmp"
+  [ "$(grep -c 'CSLMBuffer' "$search.cslm.tmp")" = 3 ] \
+    || { rm -f "$search.cslm.tmp"; echo "add-to-moses.sh: could not hook the CSLM buffer into $search (a Moses version this script does not know?)" >&2; exit 1; }
+  mv "$search.cslm.tmp" "$search"
+fi
 echo "CSLM added to $moses; now rebuild Moses (e.g. ./bjam -j4 in $moses)"

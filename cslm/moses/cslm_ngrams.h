@@ -98,6 +98,11 @@ class NgramCache {
     e.flags = flags;
     map_[key(ids, order)] = e;
   }
+  // Empties the cache if `n` more entries would not fit, so that the next n
+  // inserts all stay.
+  void make_room(size_t n) {
+    if (map_.size() + n > capacity_) map_.clear();
+  }
   size_t size() const { return map_.size(); }
   size_t hits() const { return hits_; }
   size_t misses() const { return misses_; }

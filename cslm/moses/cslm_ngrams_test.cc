@@ -89,6 +89,10 @@ int main() {
   cache.insert(g3, 3, -3.0f, 0);  // full: emptied first
   CHECK(cache.size() == 1 && !cache.find(g1, 3, &lp, &fl) && cache.find(g3, 3, &lp, &fl));
   CHECK(cache.hits() == 3 && cache.misses() == 2);
+  cache.make_room(1);  // one more fits: kept
+  CHECK(cache.size() == 1);
+  cache.make_room(2);  // two more do not: emptied, so both will stay
+  CHECK(cache.size() == 0);
 
   if (failures) return 1;
   std::printf("cslm_ngrams: all checks passed\n");

@@ -1,0 +1,102 @@
+// cslm_local.h -- the CSLM evaluated in the caller's process, for decoders on
+// CPU cores: no server, no round trip, no dependency beyond C++11.
+//
+// It reads a model directory written by `cslm train` (config.json,
+// model.safetensors in float32, cslm.vocab) and computes the network of
+// cslm/model.py for one n-gram w_1 .. w_n (Schwenk 2007; Cho et al. 2014, Sec. 4.1.2):
+//
+//   h_1 = relu(b_1 + sum_p T_p[w_p])           p = 1 .. n-1: the first layer, premultiplied
+//   h_k = relu(W_k h_{k-1} + b_k)              the other rectified layers
+//   o_w = out_w . h_last + c_w                 the output activation of the predicted word
+//   ln P(w_n | w_1 .. w_{n-1}) = o_w - ln Z,   Z = sum_v exp(o_v)   (Eq. 2's softmax)
+//
+// T_p[w] = W_1[:, p*E:(p+1)*E] . embed[w] is the first layer's product with word
+// w's projection at history position p, computed once at load (as NPLM does):
+// a query then costs one lookup-and-add per history word plus the other layers,
+// instead of the (n-1)*E x H_1 product. Memory: (n-1) * V * H_1 floats
+// (123 MB for the `small` preset, 553 MB for `paper`).
+//
+// Two ways to score (Score's `normalized`):
+//   * normalized: the exact log-probability, o_w - ln Z over the whole shortlist;
+//     what `cslm score` prints. Costs the V x H_last output product per history.
+//   * self-normalised: o_w alone, one output row. Exact only for a model trained
+//     with the (ln Z)^2 penalty (Devlin et al. 2014; `cslm train --self-norm`),
+//     whose ln Z stays near 0; what `cslm score --self-normalized` prints.
+//
+//   cslm::LocalModel lm("/models/cslm");            // throws std::runtime_error naming the file
+//   std::vector<uint32_t> ngram = {...};              // order() ids, oldest first, predicted last
+//   float lp;
+//   lm.Score(&ngram[0], 1, lm.self_normalized(), &lp, &scratch);
+//
+// A LocalModel is read-only after construction: threads share one, each with
+// its own Scratch.
+#ifndef CSLM_LOCAL_H_
+#define CSLM_LOCAL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+namespace cslm {
+
+class LocalModel {
+ public:
+  // Per-thread working memory for Score (grown on demand).
+  struct Scratch {
+    std::vector<float> a, b;
+  };
+
+  // Loads MODEL_DIR; throws std::runtime_error("FILE: reason") on anything
+  // missing, malformed or inconsistent (shapes, dtype, vocabulary size).
+  explicit LocalModel(const std::string& model_dir);
+
+  unsigned order() const { return order_; }
+  size_t vocab_size() const { return words_.size(); }
+  const std::vector<std::string>& vocabulary() const { return words_; }
+  uint32_t bos_id() const { return bos_; }
+  uint32_t eos_id() const { return eos_; }
+  uint32_t unk_id() const { return unk_; }
+  // True if the model was trained with a (ln Z)^2 penalty (config.json's
+  // meta.train_config.self_norm > 0).
+  bool self_normalized() const { return self_norm_ > 0; }
+  double self_norm_alpha() const { return self_norm_; }
+  size_t table_bytes() const { return table_.size() * sizeof(float); }
+
+  // Scores `count` n-grams of order() ids each (oldest first, predicted word
+  // last) into logprobs[0..count): o_w - ln Z if `normalized`, else o_w.
+  // Ids must be < vocab_size() (checked: std::invalid_argument).
+  void Score(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs, Scratch* scratch) const;
+
+  // The last hidden layer for one history of order()-1 ids, into h
+  // (hidden_size() floats).
+  void Hidden(const uint32_t* history, float* h, Scratch* scratch) const;
+  size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
+
+  // o_w and ln Z for a last hidden layer h.
+  float Activation(const float* h, uint32_t word) const;
+  float LogNormaliser(const float* h, Scratch* scratch) const;
+
+ private:
+  struct Layer {
+    size_t in, out;
+    std::vector<float> wt;  // transposed weight: wt[k * out + j] = W[j][k]
+    std::vector<float> bias;
+  };
+
+  unsigned order_;
+  size_t embed_, h1_;
+  double self_norm_;
+  std::vector<std::string> words_;
+  uint32_t bos_, eos_, unk_;
+  std::vector<float> table_;  // T[p][w][j], (order-1) x V x H_1
+  std::vector<float> b1_;
+  std::vector<Layer> layers_;  // the rectified layers after the first
+  std::vector<float> out_w_;   // V x H_last, row per word
+  std::vector<float> out_b_;   // V
+};
+
+}  // namespace cslm
+
+#endif  // CSLM_LOCAL_H_

@@ -1,0 +1,79 @@
+// cslm_local_test -- scores n-grams with cslm::LocalModel, for the test suite
+// and benchmarks/bench_cslm_decode.py.
+//
+//   cslm_local_test MODEL_DIR < NGRAMS          one n-gram per line (order words,
+//       oldest first, fewer are left-padded with <s>); prints per line
+//       "EXACT SELFNORM": ln P(w | h) with the softmax, and o_w alone.
+//   cslm_local_test MODEL_DIR --bench SECONDS < NGRAMS
+//       scores the n-grams over and over for about SECONDS per mode; prints
+//       "selfnorm NGRAMS_PER_S" and "exact NGRAMS_PER_S".
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cslm_local.h"
+
+int main(int argc, char** argv) {
+  if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--bench")) {
+    std::cerr << "usage: cslm_local_test MODEL_DIR [--bench SECONDS] < NGRAMS" << std::endl;
+    return 2;
+  }
+  try {
+    cslm::LocalModel lm(argv[1]);
+    std::unordered_map<std::string, uint32_t> ids;
+    for (size_t i = 0; i < lm.vocab_size(); ++i) ids[lm.vocabulary()[i]] = static_cast<uint32_t>(i);
+    std::vector<uint32_t> flat;
+    std::string line;
+    size_t count = 0;
+    while (std::getline(std::cin, line)) {
+      std::istringstream in(line);
+      std::vector<uint32_t> g;
+      std::string w;
+      while (in >> w) {
+        std::unordered_map<std::string, uint32_t>::const_iterator it = ids.find(w);
+        g.push_back(it == ids.end() ? lm.unk_id() : it->second);
+      }
+      if (g.empty() || g.size() > lm.order()) {
+        std::cerr << "line " << count + 1 << ": expected 1.." << lm.order() << " words" << std::endl;
+        return 1;
+      }
+      flat.insert(flat.end(), lm.order() - g.size(), lm.bos_id());
+      flat.insert(flat.end(), g.begin(), g.end());
+      ++count;
+    }
+    cslm::LocalModel::Scratch scratch;
+    if (argc == 2) {
+      std::vector<float> exact(count), selfnorm(count);
+      if (count) {
+        lm.Score(&flat[0], count, true, &exact[0], &scratch);
+        lm.Score(&flat[0], count, false, &selfnorm[0], &scratch);
+      }
+      for (size_t i = 0; i < count; ++i) printf("%.6f %.6f\n", exact[i], selfnorm[i]);
+      return 0;
+    }
+    const double seconds = atof(argv[3]);
+    std::vector<float> out(count);
+    for (int mode = 0; mode < 2 && count; ++mode) {
+      const bool normalized = mode == 1;
+      size_t done = 0;
+      const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+      double elapsed = 0;
+      while (elapsed < seconds) {
+        lm.Score(&flat[0], count, normalized, &out[0], &scratch);
+        done += count;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      printf("%s %.1f\n", normalized ? "exact" : "selfnorm", done / elapsed);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,130 @@
+"""The in-process C++ evaluator (cslm/cpp/cslm_local.*) against the Python model, and its error messages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cslm import modeldir
+from cslm.engine import Engine
+from cslm.train import TrainConfig, train
+
+from test_cslm import synthetic_corpus
+
+CPP = Path(__file__).resolve().parent.parent / "cslm" / "cpp"
+
+
+@pytest.fixture(scope="module")
+def local_exe(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("cslm-local") / "cslm_local_test"
+    subprocess.run([cxx, "-std=c++11", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                    str(CPP / "cslm_local.cc"), str(CPP / "cslm_local_test.cc")], check=True, timeout=180)
+    return exe
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny CSLM trained one epoch with the (ln Z)^2 penalty."""
+    root = tmp_path_factory.mktemp("cslm-local-model")
+    corpus = synthetic_corpus(root / "corpus.txt", sentences=200, seed=3)
+    cfg = TrainConfig(preset="tiny", vocab_size=50, max_epochs=1, valid_fraction=0.05, batch_size=64, device="cpu",
+                      self_norm=0.1)
+    out = root / "model"
+    train(str(corpus), str(out), cfg, progress=False)
+    return out, modeldir.load(str(out)), corpus
+
+
+def ngrams_of(corpus: Path, order: int, limit: int = 300) -> list[list[str]]:
+    grams = []
+    for line in corpus.read_text().splitlines()[:40]:
+        words = ["<s>"] * (order - 1) + line.split() + ["</s>"]
+        grams += [words[i - order + 1: i + 1] for i in range(order - 1, len(words))]
+    grams.append(["never-seen", "w1"])  # unknown history word, short n-gram (left-padded with <s>)
+    grams.append(["w2"])
+    return grams[:limit]
+
+
+def run_local(exe: Path, model: Path, grams: list[list[str]]) -> np.ndarray:
+    r = subprocess.run([str(exe), str(model)], input="".join(" ".join(g) + "\n" for g in grams),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+
+
+def test_local_evaluator_matches_python(local_exe, model_dir):
+    out, loaded, corpus = model_dir
+    order = loaded.config.order
+    grams = ngrams_of(corpus, order)
+    got = run_local(local_exe, out, grams)
+    assert got.shape == (len(grams), 2)
+
+    # exact: what `cslm score` gives (the engine's normalised log-probabilities)
+    engine = Engine.load(str(out), device="cpu")
+    exact, _ = engine.score_words(grams)
+    assert np.max(np.abs(got[:, 0] - exact)) < 1e-4
+
+    # self-normalised: o_w, the output activation alone, from the plain forward pass in float64
+    model = loaded.model.double()
+    rows = np.full((len(grams), order), engine.bos_id, np.int64)
+    for i, g in enumerate(grams):
+        rows[i, order - len(g):] = loaded.vocab.encode(g)
+    with torch.no_grad():
+        logits = model(torch.from_numpy(rows[:, :-1]))
+    o_w = logits[torch.arange(len(grams)), torch.from_numpy(rows[:, -1])].numpy()
+    assert np.max(np.abs(got[:, 1] - o_w)) < 1e-4
+    # and the two differ by ln Z, which the (ln Z)^2 penalty keeps small but not zero
+    log_z = torch.logsumexp(logits, dim=1).numpy()
+    assert np.allclose(got[:, 1] - got[:, 0], log_z, atol=1e-4)
+
+
+def test_local_evaluator_deeper_network(local_exe, model_dir, tmp_path):
+    """Three hidden layers, random weights: the evaluator follows the weights it finds."""
+    out, loaded, corpus = model_dir
+    from cslm.model import CSLM, CSLMConfig
+
+    cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": (24, 20, 12)})
+    torch.manual_seed(0)
+    model = CSLM(cfg)
+    for p in model.parameters():
+        torch.nn.init.uniform_(p, -0.5, 0.5)
+    deep = tmp_path / "deep"
+    modeldir.save_vocab(str(deep), loaded.vocab)
+    modeldir.save_weights(str(deep), model, {"train_config": {"self_norm": 0.0}})
+    grams = ngrams_of(corpus, cfg.order, 100)
+    got = run_local(local_exe, deep, grams)
+    exact, _ = Engine.load(str(deep), device="cpu").score_words(grams)
+    assert np.max(np.abs(got[:, 0] - exact)) < 1e-4
+
+
+@pytest.mark.parametrize("damage", ["no-weights", "truncated", "not-cslm", "vocab-size"])
+def test_local_evaluator_errors_name_the_file(local_exe, model_dir, tmp_path, damage):
+    out, _, _ = model_dir
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    if damage == "no-weights":
+        (bad / "model.safetensors").unlink()
+        expect = "model.safetensors: cannot read"
+    elif damage == "truncated":
+        data = (bad / "model.safetensors").read_bytes()
+        (bad / "model.safetensors").write_bytes(data[: len(data) // 2])
+        expect = "model.safetensors: "
+    elif damage == "not-cslm":
+        blob = json.loads((bad / "config.json").read_text())
+        blob["format"] = "moses-rnn"
+        (bad / "config.json").write_text(json.dumps(blob))
+        expect = "config.json: not a CSLM model directory"
+    else:
+        with open(bad / "cslm.vocab", "a") as f:
+            f.write("extra\t1\n")
+        expect = "model.safetensors: embed.weight has"
+    r = subprocess.run([str(local_exe), str(bad)], input="w1 w2\n", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and expect in r.stderr, r.stderr
