@@ -36,12 +36,23 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     for step in ["mt.py prepare", "eflomal-align", "mt.py symmetrize", "/opt/mosesdecoder/bin/lmplz",
                  "/opt/mosesdecoder/bin/build_binary", "train-model.perl", "-first-step 4",
                  "moses-rnn train", "moses-rnn score", "cslm train", "ini add-columns", "ini add-feature",
-                 "with-cslm.sh", "mt.py detok", "sacrebleu", "mt.py report"]:
+                 "mt.py detok", "sacrebleu", "mt.py report", "--self-norm 0.1"]:
         assert step in plan, step
     for system in mt.SYSTEMS:
         assert f"systems/{system}/mert" in plan and f"systems/{system}/test.out" in plan
     assert plan.count("mert-moses.pl") == 4
+    # the default: the CSLM evaluated inside Moses, no server
+    assert "with-cslm.sh" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
     assert not (tmp_path / "w").exists()  # a dry run writes nothing
+
+
+def test_dry_run_server_mode(tmp_path, shared_data):
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"),
+              CSLM_MODE="server")
+    assert r.returncode == 0, r.stderr
+    assert "with-cslm.sh" in r.stdout and "port=5107" in r.stdout and "buffer=4096" in r.stdout
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), CSLM_MODE="gpu")
+    assert r.returncode != 0 and "CSLM_MODE must be local or server" in r.stderr
 
 
 def test_dry_run_without_moses(tmp_path):

@@ -11,13 +11,16 @@
 #include <sstream>
 #include <stdexcept>
 
-// The hot loops are compiled for AVX-512 and AVX2+FMA beside the baseline and
-// picked at run time (GCC function multi-versioning), so a binary built for
-// any x86-64 uses the vector units the machine has.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__)
-#define CSLM_KERNEL __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+// The hot loops (kernels below) are compiled three times, for AVX-512,
+// AVX2+FMA and baseline x86-64 (or once elsewhere), and the version the CPU
+// supports is picked at load: a binary built for any x86-64 (as Moses is) uses
+// the vector units the machine has.
+#if defined(__GNUC__) && defined(__x86_64__)
+#define CSLM_DISPATCH 1
+#define CSLM_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
+#define CSLM_AVX2 __attribute__((target("avx2,fma")))
 #else
-#define CSLM_KERNEL
+#define CSLM_DISPATCH 0
 #endif
 
 namespace cslm {
@@ -137,22 +140,98 @@ class SafeTensors {
   size_t data_;
 };
 
-// y[0..n) += a * x[0..n)
-CSLM_KERNEL void Axpy(size_t n, float a, const float* __restrict x, float* __restrict y) {
-  for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
+// 16 floats, one AVX-512 register (two AVX2 or four SSE registers elsewhere):
+// GCC/Clang vector extensions, so the kernels need no intrinsics.
+// Vec16u is the same vector at any float address (unaligned, may alias floats).
+typedef float Vec16 __attribute__((vector_size(64)));
+typedef float Vec16u __attribute__((vector_size(64), aligned(4), may_alias));
+#define Load16(p) (*reinterpret_cast<const Vec16u*>(p))
+#define Store16(p, v) (*reinterpret_cast<Vec16u*>(p) = (v))
 
 // x . y, with 16 independent partial sums so that the compiler vectorises it
 // without reassociating (no -ffast-math needed).
-CSLM_KERNEL float Dot(size_t n, const float* __restrict x, const float* __restrict y) {
-  float acc[16] = {0};
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (size_t l = 0; l < 16; ++l) acc[l] += x[i + l] * y[i + l];
-  float s = 0;
-  for (; i < n; ++i) s += x[i] * y[i];
-  for (size_t l = 0; l < 16; ++l) s += acc[l];
+#define CSLM_DOT_BODY                                                     \
+  float acc[16] = {0};                                                    \
+  size_t i = 0;                                                           \
+  for (; i + 16 <= n; i += 16)                                            \
+    for (size_t l = 0; l < 16; ++l) acc[l] += x[i + l] * y[i + l];        \
+  float s = 0;                                                            \
+  for (; i < n; ++i) s += x[i] * y[i];                                    \
+  for (size_t l = 0; l < 16; ++l) s += acc[l];                            \
   return s;
+
+// y = bias + sum_i val[i] * wt[idx[i]]: a rectified layer's product with only
+// its nonzero inputs (about half of them after a ReLU). The output is computed
+// 64 values at a time in registers, so each weight row is read once per block
+// and y is written once, instead of read and written once per input.
+#define CSLM_GEMV_BODY                                                    \
+  const size_t kBlock = 64; /* four vectors of 16 floats */               \
+  size_t j = 0;                                                           \
+  for (; j + kBlock <= out; j += kBlock) {                                \
+    Vec16 acc0 = Load16(bias + j), acc1 = Load16(bias + j + 16);          \
+    Vec16 acc2 = Load16(bias + j + 32), acc3 = Load16(bias + j + 48);     \
+    for (size_t i = 0; i < nnz; ++i) {                                    \
+      const float* w = wt + idx[i] * out + j;                             \
+      const Vec16 a = Vec16{} + val[i];                                   \
+      acc0 += a * Load16(w);                                              \
+      acc1 += a * Load16(w + 16);                                         \
+      acc2 += a * Load16(w + 32);                                         \
+      acc3 += a * Load16(w + 48);                                         \
+    }                                                                     \
+    Store16(y + j, acc0);                                                 \
+    Store16(y + j + 16, acc1);                                            \
+    Store16(y + j + 32, acc2);                                            \
+    Store16(y + j + 48, acc3);                                            \
+  }                                                                       \
+  for (; j < out; ++j) {                                                  \
+    float acc = bias[j];                                                  \
+    for (size_t i = 0; i < nnz; ++i) acc += val[i] * wt[idx[i] * out + j]; \
+    y[j] = acc;                                                           \
+  }
+
+// y[0..n) += x[0..n)
+#define CSLM_ADD_BODY \
+  for (size_t i = 0; i < n; ++i) y[i] += x[i];
+
+#define CSLM_KERNELS(SUFFIX, ATTR)                                                                       \
+  ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
+  ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
+                               const float* __restrict val, size_t nnz, const float* __restrict bias,    \
+                               float* __restrict y) { CSLM_GEMV_BODY }                                    \
+  ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }
+
+CSLM_KERNELS(Base, )
+#if CSLM_DISPATCH
+CSLM_KERNELS(Avx2, CSLM_AVX2)
+CSLM_KERNELS(Avx512, CSLM_AVX512)
+#endif
+
+struct Kernels {
+  float (*dot)(size_t, const float*, const float*);
+  void (*gemv)(const float*, size_t, const uint32_t*, const float*, size_t, const float*, float*);
+  void (*add)(size_t, const float*, float*);
+  const char* name;
+};
+
+Kernels PickKernels() {
+#if CSLM_DISPATCH
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, "avx512"};
+    return k;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, "avx2"};
+    return k;
+  }
+#endif
+  Kernels k = {DotBase, SparseGemvBase, AddBase, "baseline"};
+  return k;
+}
+
+const Kernels& K() {
+  static const Kernels kernels = PickKernels();
+  return kernels;
 }
 
 void Relu(size_t n, float* x) {
@@ -209,11 +288,11 @@ LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), s
   for (size_t p = 0; p < C; ++p) {
     for (size_t j = 0; j < h1_; ++j)
       for (size_t e = 0; e < embed_; ++e) w1t[e * h1_ + j] = w1[j * C * embed_ + p * embed_ + e];
-    for (size_t w = 0; w < V; ++w) {
-      float* row = &table_[(p * V + w) * h1_];
-      const float* x = &embed[w * embed_];
-      for (size_t e = 0; e < embed_; ++e) Axpy(h1_, x[e], &w1t[e * h1_], row);
-    }
+    std::vector<uint32_t> all(embed_);
+    for (size_t e = 0; e < embed_; ++e) all[e] = static_cast<uint32_t>(e);
+    const std::vector<float> zero(h1_, 0.0f);
+    for (size_t w = 0; w < V; ++w)
+      K().gemv(&w1t[0], h1_, &all[0], &embed[w * embed_], embed_, &zero[0], &table_[(p * V + w) * h1_]);
   }
 
   size_t in = h1_;
@@ -234,23 +313,34 @@ LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), s
   s = st.Get("out.weight", 2, &out_w_);
   if (s[0] != V || s[1] != in) throw Fail(st_path, "out.weight does not match the vocabulary and the last hidden layer");
   st.Get("out.bias", 1, &out_b_);
+  out_wt_.resize(out_w_.size());  // transposed, for the whole softmax as one product
+  for (size_t v = 0; v < V; ++v)
+    for (size_t k = 0; k < in; ++k) out_wt_[k * V + v] = out_w_[v * in + k];
 }
+
+const char* LocalModel::Kernels() { return K().name; }
 
 void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) const {
   const size_t V = words_.size();
   std::vector<float>& a = scratch->a;
   a.assign(b1_.begin(), b1_.end());
   for (size_t p = 0; p + 1 < order_; ++p) {  // h_1 = relu(b_1 + sum_p T_p[w_p])
-    const float* row = &table_[(p * V + history[p]) * h1_];
-    for (size_t j = 0; j < h1_; ++j) a[j] += row[j];
+    K().add(h1_, &table_[(p * V + history[p]) * h1_], &a[0]);
   }
   Relu(h1_, &a[0]);
   std::vector<float>& b = scratch->b;
+  std::vector<uint32_t>& idx = scratch->idx;
   for (size_t k = 0; k < layers_.size(); ++k) {  // h_k = relu(W_k h_{k-1} + b_k)
     const Layer& L = layers_[k];
-    b.assign(L.bias.begin(), L.bias.end());
-    for (size_t i = 0; i < L.in; ++i)
-      if (a[i] != 0) Axpy(L.out, a[i], &L.wt[i * L.out], &b[0]);  // rectified zeros cost nothing
+    idx.resize(L.in);
+    size_t nnz = 0;
+    for (size_t i = 0; i < L.in; ++i) {  // rectified zeros cost nothing: keep the others, packed
+      idx[nnz] = static_cast<uint32_t>(i);
+      a[nnz] = a[i];
+      nnz += a[i] != 0;
+    }
+    b.resize(L.out);
+    K().gemv(&L.wt[0], L.out, &idx[0], &a[0], nnz, &L.bias[0], &b[0]);
     Relu(L.out, &b[0]);
     a.swap(b);
   }
@@ -259,39 +349,72 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
 
 float LocalModel::Activation(const float* h, uint32_t word) const {
   const size_t H = hidden_size();
-  return Dot(H, &out_w_[word * H], h) + out_b_[word];  // o_w = out_w . h + c_w
+  return K().dot(H, &out_w_[word * H], h) + out_b_[word];  // o_w = out_w . h + c_w
 }
 
 float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
-  const size_t V = words_.size();
+  const size_t V = words_.size(), H = hidden_size();
+  std::vector<uint32_t>& idx = scratch->idx;
+  std::vector<float>& val = scratch->a;
+  idx.resize(H);
+  val.resize(H);
+  size_t nnz = 0;
+  for (size_t k = 0; k < H; ++k) {  // the rectified layer's nonzeros, packed
+    idx[nnz] = static_cast<uint32_t>(k);
+    val[nnz] = h[k];
+    nnz += h[k] != 0;
+  }
   std::vector<float>& o = scratch->b;
   o.resize(V);
-  float top = -INFINITY;
-  for (size_t v = 0; v < V; ++v) {
-    o[v] = Activation(h, static_cast<uint32_t>(v));
-    top = std::max(top, o[v]);
-  }
+  K().gemv(&out_wt_[0], V, &idx[0], &val[0], nnz, &out_b_[0], &o[0]);  // every o_v = out_v . h + c_v
+  const float top = *std::max_element(o.begin(), o.end());
   double z = 0;
   for (size_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(o[v] - top));
   return top + static_cast<float>(std::log(z));  // ln Z = ln sum_v exp(o_v)
 }
 
+const float* LocalModel::CachedHidden(const uint32_t* history, Scratch* s) const {
+  const size_t C = order_ - 1, H = hidden_size();
+  if (s->slots == 0) {
+    s->h.resize(H);
+    Hidden(history, &s->h[0], s);
+    return &s->h[0];
+  }
+  if (s->keys.size() != s->slots * C) {
+    s->keys.assign(s->slots * C, 0xffffffffu);  // no word has this id: every slot empty
+    s->values.resize(s->slots * H);
+  }
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the ids
+  for (size_t k = 0; k < C; ++k) hash = (hash ^ history[k]) * 1099511628211ull;
+  const size_t slot = static_cast<size_t>(hash % s->slots);
+  uint32_t* key = &s->keys[slot * C];
+  float* value = &s->values[slot * H];
+  if (std::equal(history, history + C, key)) {
+    ++s->hits;
+    return value;
+  }
+  ++s->misses;
+  Hidden(history, value, s);
+  std::copy(history, history + C, key);
+  return value;
+}
+
 void LocalModel::Score(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs,
                        Scratch* scratch) const {
-  const size_t V = words_.size(), H = hidden_size();
-  std::vector<float> h(H);
+  const size_t V = words_.size();
   float log_z = 0;
+  const float* h = 0;
   const uint32_t* last = 0;  // consecutive n-grams often share their history
   for (size_t i = 0; i < count; ++i) {
     const uint32_t* g = ngrams + i * order_;
     for (unsigned k = 0; k < order_; ++k)
       if (g[k] >= V) throw std::invalid_argument("cslm::LocalModel::Score: word id beyond the vocabulary");
     if (!last || !std::equal(g, g + order_ - 1, last)) {
-      Hidden(g, &h[0], scratch);
-      if (normalized) log_z = LogNormaliser(&h[0], scratch);
+      h = CachedHidden(g, scratch);
+      if (normalized) log_z = LogNormaliser(h, scratch);
       last = g;
     }
-    logprobs[i] = Activation(&h[0], g[order_ - 1]) - (normalized ? log_z : 0.0f);
+    logprobs[i] = Activation(h, g[order_ - 1]) - (normalized ? log_z : 0.0f);
   }
 }
 

@@ -43,9 +43,18 @@ namespace cslm {
 
 class LocalModel {
  public:
-  // Per-thread working memory for Score (grown on demand).
+  // Per-thread working memory for Score (grown on demand), and a direct-mapped
+  // cache of last hidden layers by history: a decoder expands one hypothesis
+  // with many phrases, whose first words share the hypothesis' history, so the
+  // hidden layers are computed once and each n-gram costs one output row.
   struct Scratch {
-    std::vector<float> a, b;
+    explicit Scratch(size_t history_slots = 4096) : slots(history_slots), hits(0), misses(0) {}
+    std::vector<float> a, b, h;
+    std::vector<uint32_t> idx;
+    size_t slots;                  // 0: no history cache
+    std::vector<uint32_t> keys;    // slots x (order-1) ids; keys[slot*(order-1)] == kEmpty: unused
+    std::vector<float> values;     // slots x hidden_size()
+    size_t hits, misses;
   };
 
   // Loads MODEL_DIR; throws std::runtime_error("FILE: reason") on anything
@@ -63,6 +72,8 @@ class LocalModel {
   bool self_normalized() const { return self_norm_ > 0; }
   double self_norm_alpha() const { return self_norm_; }
   size_t table_bytes() const { return table_.size() * sizeof(float); }
+  // The vector instructions the kernels use here: "avx512", "avx2" or "baseline".
+  static const char* Kernels();
 
   // Scores `count` n-grams of order() ids each (oldest first, predicted word
   // last) into logprobs[0..count): o_w - ln Z if `normalized`, else o_w.
@@ -72,6 +83,9 @@ class LocalModel {
   // The last hidden layer for one history of order()-1 ids, into h
   // (hidden_size() floats).
   void Hidden(const uint32_t* history, float* h, Scratch* scratch) const;
+  // The same through the scratch's history cache: a pointer valid until the
+  // next call with this scratch.
+  const float* CachedHidden(const uint32_t* history, Scratch* scratch) const;
   size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
 
   // o_w and ln Z for a last hidden layer h.
@@ -94,6 +108,7 @@ class LocalModel {
   std::vector<float> b1_;
   std::vector<Layer> layers_;  // the rectified layers after the first
   std::vector<float> out_w_;   // V x H_last, row per word
+  std::vector<float> out_wt_;  // the same transposed, H_last x V
   std::vector<float> out_b_;   // V
 };
 

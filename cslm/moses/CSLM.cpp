@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include <boost/functional/hash.hpp>
-#include <boost/unordered_set.hpp>
 #include <boost/scoped_ptr.hpp>
 
 #include "CSLMBuffer.h"
@@ -39,13 +38,16 @@ bool CSLMState::operator==(const FFState& other) const {
 }
 
 struct CSLM::ThreadData {
-  ThreadData(size_t cache_size) : cache(cache_size), requests(0), evaluated(0), hits(0) {}
+  ThreadData(size_t cache_size, size_t buffer)
+      : cache(cache_size), queued_set(buffer + 1), requests(0), evaluated(0), hits(0) {}
   boost::scoped_ptr<cslm::Client> client;  // server mode
   cslm::LocalModel::Scratch scratch;       // in process
   cslm::NgramCache cache;
   boost::unordered_map<const Factor*, uint32_t> ids;  // this thread's word -> id memo
   std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request
-  boost::unordered_set<std::string> queued_keys;
+  cslm::NgramCache queued_set;             // ... each once
+  std::vector<uint32_t> phrase_ids, ngrams, next;  // EvaluateWhenApplied's working memory
+  std::vector<float> lp, scores;
   size_t requests, evaluated, hits;        // this sentence's (stats=1)
 };
 
@@ -56,6 +58,7 @@ CSLM::CSLM(const std::string& line)
       m_selfNorm(-1),
       m_buffer(0),
       m_stats(false),
+      m_historyCache(16384),
       m_order(0),
       m_iniOrder(0),
       m_factorType(0),
@@ -101,6 +104,8 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_floor = Scan<float>(value);
   } else if (key == "prefetch") {
     m_prefetch = Scan<size_t>(value);
+  } else if (key == "history-cache") {
+    m_historyCache = Scan<size_t>(value);
   } else if (key == "buffer") {
     m_buffer = Scan<size_t>(value);
   } else if (key == "stats") {
@@ -215,7 +220,8 @@ void CSLM::Load(AllOptions::ptr const& opts) {
 CSLM::ThreadData& CSLM::Local() const {
   ThreadData* td = m_local.get();
   if (!td) {
-    td = new ThreadData(m_cacheSize);
+    td = new ThreadData(m_cacheSize, m_buffer);
+    td->scratch.slots = m_historyCache;
     m_local.reset(td);
   }
   return *td;
@@ -355,6 +361,7 @@ bool CSLM::Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t co
   uint8_t flags;
   for (size_t i = 0; i < count; ++i)
     if (!td.cache.find(&ngrams[i * m_order], m_order, &(*logprobs)[i], &flags)) return false;
+  td.hits += count;
   return true;
 }
 
@@ -383,12 +390,13 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
                                    ScoreComponentCollection* accumulator) const {
   ThreadData& td = Local();
   const CSLMState& prev = static_cast<const CSLMState&>(*prev_state);
-  std::vector<uint32_t> ids, ngrams, next;
-  PhraseIds(td, hypo.GetCurrTargetPhrase(), &ids);
-  const size_t count =
-      cslm::boundary_ngrams(prev.Words(), ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos, &ngrams, &next);
+  std::vector<uint32_t>& ngrams = td.ngrams;
+  std::vector<float>& lp = td.lp;
+  ngrams.clear();
+  PhraseIds(td, hypo.GetCurrTargetPhrase(), &td.phrase_ids);
+  const size_t count = cslm::boundary_ngrams(prev.Words(), td.phrase_ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos,
+                                             &ngrams, &td.next);
   if (count) {
-    std::vector<float> lp;
     if (!Cached(td, ngrams, count, &lp)) {
       // A round trip is due: fill it with the likely next questions.
       if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev.Words(), &ngrams);
@@ -396,11 +404,11 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
     }
     float sum = 0.0f;
     for (size_t i = 0; i < count; ++i) sum += lp[i];
-    std::vector<float> scores(m_numScoreComponents, 0.0f);
-    scores[0] = sum;
-    accumulator->PlusEquals(this, scores);
+    td.scores.assign(m_numScoreComponents, 0.0f);
+    td.scores[0] = sum;
+    accumulator->PlusEquals(this, td.scores);
   }
-  return new CSLMState(next);
+  return new CSLMState(td.next);
 }
 
 size_t CSLM::Queue(const Hypothesis& hypo) const {
@@ -414,8 +422,9 @@ size_t CSLM::Queue(const Hypothesis& hypo) const {
     const uint32_t* g = &ngrams[i * m_order];
     float lp;
     uint8_t fl;
-    if (td.cache.find(g, m_order, &lp, &fl) || !td.queued_keys.insert(cslm::NgramCache::key(g, m_order)).second)
+    if (td.cache.find(g, m_order, &lp, &fl) || td.queued_set.find(g, m_order, &lp, &fl))
       continue;  // known, or queued already
+    td.queued_set.insert(g, m_order, 0.0f, 0);
     td.queued.insert(td.queued.end(), g, g + m_order);
   }
   return td.queued.size() / m_order;
@@ -433,15 +442,17 @@ void CSLM::ScoreQueued() const {
     for (size_t k = 0; k < n; ++k) td.cache.insert(&td.queued[(at + k) * m_order], m_order, lp[k], fl[k]);
   }
   td.queued.clear();
-  td.queued_keys.clear();
+  td.queued_set.clear();
 }
 
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = Local();
   if (m_stats)
     std::cerr << GetScoreProducerDescription() << ": sentence " << source.GetTranslationId() << ": requests "
-              << td.requests << ", n-grams evaluated " << td.evaluated << ", cache hits " << td.hits << std::endl;
+              << td.requests << ", n-grams evaluated " << td.evaluated << ", cache hits " << td.hits
+              << ", hidden layers computed " << td.scratch.misses << std::endl;
   td.requests = td.evaluated = td.hits = 0;
+  td.scratch.hits = td.scratch.misses = 0;
 }
 
 FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

@@ -117,6 +117,7 @@ class CSLM : public StatefulFeatureFunction {
   int m_selfNorm;          // in process: 1 o_w alone, 0 the softmax, -1 as the model was trained
   size_t m_buffer;         // n-grams per buffered request; 0: no buffer
   bool m_stats;
+  size_t m_historyCache;   // in process: hidden layers cached per thread, by history (slots)
   unsigned m_order;        // the server's n (order= in the ini must agree)
   unsigned m_iniOrder;     // 0 if not given
   std::string m_path;      // model directory: its vocabulary must be the server's

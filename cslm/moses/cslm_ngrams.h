@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include <unordered_map>
+#include <algorithm>
 
 namespace cslm {
 
@@ -72,49 +72,89 @@ inline size_t boundary_ngrams(const std::vector<uint32_t>& state, const std::vec
 // A bounded map from n-gram to (log-probability, flags). When it holds
 // `capacity` entries it is emptied: simple, and cheap enough for one
 // decoder thread (the hot n-grams come back within a sentence).
+// Open addressing over flat arrays (linear probing, at most half full): a
+// lookup hashes the ids and compares them in place, with no allocation.
 class NgramCache {
  public:
-  explicit NgramCache(size_t capacity = 1000000) : capacity_(capacity), hits_(0), misses_(0) {}
+  explicit NgramCache(size_t capacity = 1000000)
+      : capacity_(capacity), order_(0), mask_(0), size_(0), hits_(0), misses_(0) {}
 
-  static std::string key(const uint32_t* ids, unsigned order) {
-    return std::string(reinterpret_cast<const char*>(ids), order * sizeof(uint32_t));
-  }
   bool find(const uint32_t* ids, unsigned order, float* logprob, uint8_t* flags) {
-    std::unordered_map<std::string, Entry>::const_iterator it = map_.find(key(ids, order));
-    if (it == map_.end()) {
+    if (size_ == 0 || order != order_) {
       ++misses_;
       return false;
     }
-    ++hits_;
-    *logprob = it->second.logprob;
-    *flags = it->second.flags;
-    return true;
+    size_t slot = hash(ids, order) & mask_;
+    while (used_[slot]) {
+      if (same(slot, ids)) {
+        ++hits_;
+        *logprob = values_[slot];
+        *flags = flags_[slot];
+        return true;
+      }
+      slot = (slot + 1) & mask_;
+    }
+    ++misses_;
+    return false;
   }
   void insert(const uint32_t* ids, unsigned order, float logprob, uint8_t flags) {
     if (capacity_ == 0) return;
-    if (map_.size() >= capacity_) map_.clear();
-    Entry e;
-    e.logprob = logprob;
-    e.flags = flags;
-    map_[key(ids, order)] = e;
+    if (order != order_ || keys_.empty()) allocate(order);
+    if (size_ >= capacity_) clear();
+    size_t slot = hash(ids, order) & mask_;
+    while (used_[slot] && !same(slot, ids)) slot = (slot + 1) & mask_;
+    if (!used_[slot]) {
+      used_[slot] = 1;
+      std::copy(ids, ids + order, &keys_[slot * order]);
+      ++size_;
+    }
+    values_[slot] = logprob;
+    flags_[slot] = flags;
   }
   // Empties the cache if `n` more entries would not fit, so that the next n
   // inserts all stay.
   void make_room(size_t n) {
-    if (map_.size() + n > capacity_) map_.clear();
+    if (size_ + n > capacity_) clear();
   }
-  size_t size() const { return map_.size(); }
+  void clear() {
+    if (size_) std::fill(used_.begin(), used_.end(), 0);
+    size_ = 0;
+  }
+  size_t size() const { return size_; }
   size_t hits() const { return hits_; }
   size_t misses() const { return misses_; }
 
  private:
-  struct Entry {
-    float logprob;
-    uint8_t flags;
-  };
+  static size_t hash(const uint32_t* ids, unsigned order) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the ids, then a final mix
+    for (unsigned i = 0; i < order; ++i) h = (h ^ ids[i]) * 1099511628211ull;
+    return static_cast<size_t>(h ^ (h >> 29));
+  }
+  bool same(size_t slot, const uint32_t* ids) const {
+    const uint32_t* key = &keys_[slot * order_];
+    for (unsigned i = 0; i < order_; ++i)
+      if (key[i] != ids[i]) return false;
+    return true;
+  }
+  void allocate(unsigned order) {
+    size_t slots = 2;
+    while (slots < 2 * capacity_) slots <<= 1;  // at most half full
+    order_ = order;
+    mask_ = slots - 1;
+    keys_.assign(slots * order, 0);
+    values_.assign(slots, 0.0f);
+    flags_.assign(slots, 0);
+    used_.assign(slots, 0);
+    size_ = 0;
+  }
+
   size_t capacity_;
+  unsigned order_;
+  size_t mask_, size_;
   size_t hits_, misses_;
-  std::unordered_map<std::string, Entry> map_;
+  std::vector<uint32_t> keys_;
+  std::vector<float> values_;
+  std::vector<uint8_t> flags_, used_;
 };
 
 }  // namespace cslm

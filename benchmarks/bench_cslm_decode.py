@@ -1,0 +1,233 @@
+"""Moses decoding with the CSLM feature against the same system without it, in every scoring mode.
+
+    MOSES=/path/to/mosesdecoder python benchmarks/bench_cslm_decode.py CSLM_MODEL_DIR [--sentences 500]
+
+The baseline is the shared Moses system (phrase table, KenLM 5-gram, distortion,
+word and phrase penalties; its lexicalized reordering table is not shipped, so
+that feature is left out), its phrase table filtered to the test sentences
+(the first --sentences of newstest2013), decoded with the pipeline's flags:
+`-threads 2 -search-algorithm 1 -cube-pruning-pop-limit 1000`. The CSLM rows
+add the feature (weight 0.1, untuned: this measures speed, not BLEU):
+
+  * in-process: cslm::LocalModel inside Moses (self-normalised if the model is);
+  * server, per hypothesis: `cslm serve` on the same cores, one request per
+    hypothesis whose n-grams miss the cache (prefetching the span's other options);
+  * server, buffered: the paper's buffer (CSLMBuffer.h), which works with the
+    normal stack search, so that row and its own baseline use -search-algorithm 0
+    (stack 100);
+  * in-process, buffered: the same with the in-process evaluator.
+
+Each row gives the decoding time without loading (wall time minus that of an
+empty input with the same moses.ini), its ratio to its baseline, and the
+requests, evaluated n-grams and cache hits per sentence (the feature's stats=1
+lines). Server rows use --slow-sentences sentences when that is fewer (the
+per-hypothesis mode can be thousands of times slower). Needs a Moses built with
+cslm/moses/add-to-moses.sh: without MOSES the decoding rows are skipped with
+the reason. Target: CSLM decode <= 3x the baseline's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHARED, require_shared  # noqa: E402
+
+SYSTEM = SHARED / "en-fr-moses"
+PIPELINE_FLAGS = ["-search-algorithm", "1", "-cube-pruning-pop-limit", "1000"]
+NORMAL_FLAGS = ["-search-algorithm", "0", "-stack", "100"]
+
+
+def filter_table(table: Path, sentences: list[str], out: Path, max_len: int = 7) -> int:
+    """Keep the phrase-table lines whose source phrase occurs in the input (filter-model-given-input)."""
+    wanted = set()
+    for s in sentences:
+        w = s.split()
+        for i in range(len(w)):
+            for j in range(i + 1, min(len(w), i + max_len) + 1):
+                wanted.add(" ".join(w[i:j]).encode())
+    kept = 0
+    tmp = out.with_suffix(".tmp")
+    with gzip.open(table, "rb") as src, gzip.open(tmp, "wb", compresslevel=1) as dst:
+        for line in src:
+            if line[: line.index(b" ||| ")] in wanted:
+                dst.write(line)
+                kept += 1
+    tmp.rename(out)
+    return kept
+
+
+def moses_ini(path: Path, table: Path, cslm_line: str | None) -> None:
+    """The shared system's moses.ini without lexicalized reordering, absolute paths, plus the CSLM line."""
+    features = ["UnknownWordPenalty", "WordPenalty", "PhrasePenalty",
+                f"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={table} input-factor=0 output-factor=0",
+                "Distortion", f"KENLM name=LM0 factor=0 path={SYSTEM / 'lm.fr.5.arpa.gz'} order=5"]
+    weights = ["UnknownWordPenalty0= 1", "WordPenalty0= -1", "PhrasePenalty0= 0.2",
+               "TranslationModel0= 0.2 0.2 0.2 0.2", "Distortion0= 0.3", "LM0= 0.5"]
+    if cslm_line:
+        features.append(cslm_line)
+        weights.append("CSLM0= 0.1 -0.1")
+    path.write_text("[input-factors]\n0\n\n[mapping]\n0 T 0\n\n[distortion-limit]\n6\n\n[feature]\n"
+                    + "\n".join(features) + "\n\n[weight]\n" + "\n".join(weights) + "\n")
+
+
+STATS = re.compile(r"CSLM0: sentence \d+: requests (\d+), n-grams evaluated (\d+), cache hits (\d+), hidden layers computed (\d+)")
+
+
+def decode(moses: Path, ini: Path, text: str, flags: list[str], threads: int) -> tuple[float, str]:
+    t = time.perf_counter()
+    r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", str(threads), *flags],
+                       input=text, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"moses failed on {ini}:\n{r.stderr[-3000:]}")
+    return wall, r.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`cslm serve MODEL` on a free port for the duration of a `with` block."""
+
+    def __init__(self, model: str, self_normalized: bool, threads: int):
+        self.port = free_port()
+        args = [sys.executable, "-m", "cslm.cli", "serve", model, "--port", str(self.port), "--threads", str(threads)]
+        if self_normalized:
+            args.append("--self-normalized")
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self):
+        for _ in range(600):
+            if self.proc.poll() is not None:
+                raise SystemExit(f"cslm serve exited: {self.proc.stderr.read()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.2)
+        raise SystemExit("cslm serve did not start")
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def run_row(name, moses, ini, lines, flags, threads, baseline=None, repeats=1):
+    text = "\n".join(lines) + "\n"
+    load, _ = decode(moses, ini, "", flags, threads)
+    walls, log = [], ""
+    for _ in range(repeats):
+        wall, log = decode(moses, ini, text, flags, threads)
+        walls.append(wall)
+    seconds = max(statistics.median(walls) - load, 1e-9)
+    row = {"sentences": len(lines), "load_seconds": round(load, 2), "decode_seconds": round(seconds, 2),
+           "seconds_per_sentence": round(seconds / len(lines), 4)}
+    stats = [tuple(map(int, m.groups())) for m in STATS.finditer(log)]
+    if stats:
+        req, ev, hits, hidden = (sum(s[i] for s in stats) for i in range(4))
+        row.update(requests_per_sentence=round(req / len(stats), 1), evaluated_per_sentence=round(ev / len(stats), 1),
+                   cache_hit_rate=round(hits / max(hits + ev, 1), 3))
+        if hidden:
+            row["hidden_layers_per_sentence"] = round(hidden / len(stats), 1)
+    if baseline is not None:
+        row["ratio_to_baseline"] = round(row["seconds_per_sentence"] / baseline["seconds_per_sentence"], 2)
+    print(f"{name}: {json.dumps(row)}", file=sys.stderr)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="a CSLM model directory (`cslm train`)")
+    ap.add_argument("--moses", default=os.environ.get("MOSES"), help="mosesdecoder with the CSLM feature [$MOSES]")
+    ap.add_argument("--sentences", type=int, default=500)
+    ap.add_argument("--slow-sentences", type=int, default=50, help="sentences for the server rows")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "server-buffered", "server"])
+    ap.add_argument("--work", help="keep the filtered table here (reused when present)")
+    ap.add_argument("--quick", action="store_true", help="50 sentences, 10 for the server rows")
+    ap.add_argument("--json", help="also write the report here")
+    args = ap.parse_args()
+    require_shared()
+    if args.quick:
+        args.sentences, args.slow_sentences = 50, 10
+    report: dict = {"model": os.path.basename(os.path.normpath(args.model)), "threads": args.threads}
+    moses = Path(args.moses) if args.moses else None
+    if moses is None or not (moses / "bin" / "moses").exists():
+        report["skipped"] = ("MOSES is not set to a mosesdecoder built with cslm/moses/add-to-moses.sh"
+                             if moses is None else f"{moses}/bin/moses not found")
+        print(json.dumps(report, indent=2))
+        return
+    meta = json.loads((Path(args.model) / "config.json").read_text()).get("meta", {})
+    self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0
+    report["self_normalized"] = self_norm
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bench-cslm-decode-"))
+    work.mkdir(parents=True, exist_ok=True)
+    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
+    table = work / f"phrase-table.first{args.sentences}.gz"
+    if not table.exists():
+        t = time.perf_counter()
+        report["filtered_table_lines"] = filter_table(SYSTEM / "phrase-table.gz", lines, table)
+        report["filter_seconds"] = round(time.perf_counter() - t, 1)
+
+    rows: dict = {}
+    base_ini = work / "baseline.ini"
+    moses_ini(base_ini, table, None)
+    rows["baseline"] = run_row("baseline", moses, base_ini, lines, PIPELINE_FLAGS, args.threads, repeats=args.repeats)
+    slow = lines[: args.slow_sentences]
+    if any(m.endswith("buffered") for m in args.modes):
+        rows["baseline_normal_search"] = run_row("baseline, normal search", moses, base_ini, lines, NORMAL_FLAGS,
+                                                 args.threads, repeats=args.repeats)
+    local = f"CSLM name=CSLM0 path={os.path.abspath(args.model)} stats=1"
+    if "local" in args.modes:
+        ini = work / "cslm-local.ini"
+        moses_ini(ini, table, local)
+        rows["cslm_in_process"] = run_row("in process", moses, ini, lines, PIPELINE_FLAGS, args.threads,
+                                          rows["baseline"], args.repeats)
+    if "local-buffered" in args.modes:
+        ini = work / "cslm-local-buffered.ini"
+        moses_ini(ini, table, local + " buffer=4096")
+        rows["cslm_in_process_buffered"] = run_row("in process, buffered", moses, ini, lines, NORMAL_FLAGS,
+                                                   args.threads, rows["baseline_normal_search"], args.repeats)
+    for mode in ("server-buffered", "server"):
+        if mode not in args.modes:
+            continue
+        with Server(args.model, self_norm, args.threads) as server:
+            line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1"
+            ini = work / f"cslm-{mode}.ini"
+            if mode == "server-buffered":
+                moses_ini(ini, table, line + " buffer=4096")
+                rows["cslm_server_buffered"] = run_row("server, buffered", moses, ini, lines, NORMAL_FLAGS,
+                                                       args.threads, rows["baseline_normal_search"])
+            else:
+                moses_ini(ini, table, line)
+                rows["cslm_server_per_hypothesis"] = run_row("server, per hypothesis", moses, ini, slow,
+                                                             PIPELINE_FLAGS, args.threads, rows["baseline"])
+    report["rows"] = rows
+    ratios = [r["ratio_to_baseline"] for r in rows.values() if "ratio_to_baseline" in r]
+    if ratios:
+        report["best_ratio_to_baseline"] = min(ratios)
+        report["target"] = "<= 3x the baseline's time"
+    print(json.dumps(report, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

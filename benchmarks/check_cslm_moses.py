@@ -1,0 +1,143 @@
+"""Check the CSLM scores Moses computes against `cslm score`, in every mode (not run by CI: needs a Moses).
+
+    MOSES=/path/to/mosesdecoder python benchmarks/check_cslm_moses.py CSLM_MODEL_DIR [--sentences 50]
+
+Decodes the first --sentences of newstest2013 with the shared system plus the
+CSLM feature (two scores: ln P and the unknown-word count), a 10-best list per
+sentence, in process, through a server per hypothesis and through a server with
+the buffer. For every hypothesis of every list, Moses's `CSLM0=` log-probability
+must equal `cslm score` (with --self-normalized for a self-normalised model) on
+the hypothesis' text within --tolerance, and the unknown-word count must be the
+number of its words outside the shortlist. Then the failure paths: the server
+absent at load, and killed in the middle of decoding: Moses must stop with the
+feature's one-line message and a non-zero status. Prints a JSON report; exit
+status 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, Server, filter_table, free_port, moses_ini  # noqa: E402
+from common import require_shared  # noqa: E402
+
+from cslm.engine import Engine  # noqa: E402
+
+
+def nbest(path: Path) -> list[tuple[int, str, float, float]]:
+    """(sentence, text, CSLM0 log-probability, CSLM0 unknown count) per n-best line."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        sid, text, scores = line.split(" ||| ")[:3]
+        tok = scores.split()
+        at = tok.index("CSLM0=")
+        out.append((int(sid), text.strip(), float(tok[at + 1]), float(tok[at + 2])))
+    return out
+
+
+def check_mode(name, moses, ini, lines, flags, engine, self_norm, tol, work) -> dict:
+    nb = work / f"{name}.nbest"
+    r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", "2", *flags,
+                        "-n-best-list", str(nb), "10", "distinct"],
+                       input="\n".join(lines) + "\n", capture_output=True, text=True)
+    if r.returncode != 0:
+        return {"ok": False, "error": r.stderr[-2000:]}
+    hyps = nbest(nb)
+    texts = [h[1].split() for h in hyps]
+    want = [float(lp.sum()) for lp, _ in engine.score_sentences(texts)]
+    got = np.array([h[2] for h in hyps])
+    diff = np.abs(got - np.array(want))
+    unk = [sum(w not in engine.vocab.index for w in t) for t in texts]
+    unk_ok = all(int(h[3]) == u for h, u in zip(hyps, unk))
+    row = {"hypotheses": len(hyps), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+           "unknown_counts_equal": unk_ok, "ok": bool(diff.max() <= tol and unk_ok)}
+    print(f"{name}: {json.dumps(row)}", file=sys.stderr)
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--moses", default=os.environ.get("MOSES"))
+    ap.add_argument("--sentences", type=int, default=50)
+    ap.add_argument("--tolerance", type=float, default=1e-3)
+    ap.add_argument("--work")
+    args = ap.parse_args()
+    require_shared()
+    if not args.moses or not (Path(args.moses) / "bin" / "moses").exists():
+        raise SystemExit("set MOSES (or --moses) to a mosesdecoder built with cslm/moses/add-to-moses.sh")
+    moses = Path(args.moses)
+    work = Path(args.work or tempfile.mkdtemp(prefix="check-cslm-moses-"))
+    work.mkdir(parents=True, exist_ok=True)
+    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
+    table = work / f"phrase-table.first{args.sentences}.gz"
+    if not table.exists():
+        filter_table(SYSTEM / "phrase-table.gz", lines, table)
+    meta = json.loads((Path(args.model) / "config.json").read_text()).get("meta", {})
+    self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0
+    engine = Engine.load(args.model, device="cpu", normalized=not self_norm) if self_norm else \
+        Engine.load(args.model, device="cpu")
+    model = os.path.abspath(args.model)
+    report: dict = {"self_normalized": self_norm, "sentences": len(lines), "tolerance": args.tolerance}
+
+    ini = work / "local.ini"
+    moses_ini(ini, table, f"CSLM name=CSLM0 path={model}")
+    report["in_process"] = check_mode("in process", moses, ini, lines, PIPELINE_FLAGS, engine, self_norm,
+                                      args.tolerance, work)
+    with Server(args.model, self_norm, 2) as server:
+        ini = work / "server.ini"
+        moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model}")
+        report["server_per_hypothesis"] = check_mode("server", moses, ini, lines[:10], PIPELINE_FLAGS, engine,
+                                                     self_norm, args.tolerance, work)
+        ini = work / "server-buffered.ini"
+        moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096")
+        report["server_buffered"] = check_mode("server, buffered", moses, ini, lines, NORMAL_FLAGS, engine,
+                                               self_norm, args.tolerance, work)
+
+    # failures: no server at load; the server killed while Moses decodes
+    ini = work / "absent.ini"
+    moses_ini(ini, table, f"CSLM name=CSLM0 port={free_port()} path={model} timeout=5")
+    r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini)], input=lines[0] + "\n",
+                       capture_output=True, text=True, timeout=600)
+    report["server_absent"] = {"exit": r.returncode, "message": next(
+        (ln.strip() for ln in r.stderr.splitlines() if "cannot use the CSLM server" in ln), None)}
+    report["server_absent"]["ok"] = r.returncode != 0 and report["server_absent"]["message"] is not None
+    server = Server(args.model, self_norm, 2).__enter__()
+    ini = work / "killed.ini"
+    moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model} timeout=5 retries=2")
+    proc = subprocess.Popen([str(moses / "bin" / "moses"), "-f", str(ini), *PIPELINE_FLAGS],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.stdin.write("\n".join(lines * 4) + "\n")
+    proc.stdin.close()
+    time.sleep(30)  # loading and the first sentences
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    try:
+        err = proc.stderr.read()
+        code = proc.wait(600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        err, code = "moses did not stop", None
+    report["server_killed"] = {"exit": code, "message": next(
+        (ln.strip() for ln in err.splitlines() if "lost the CSLM server" in ln), None)}
+    report["server_killed"]["ok"] = code not in (0, None) and report["server_killed"]["message"] is not None
+
+    ok = all(v.get("ok") for v in report.values() if isinstance(v, dict))
+    report["all_ok"] = ok
+    print(json.dumps(report, indent=2))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
