@@ -86,8 +86,7 @@ def main() -> None:
         filter_table(SYSTEM / "phrase-table.gz", lines, table)
     meta = json.loads((Path(args.model) / "config.json").read_text()).get("meta", {})
     self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0
-    engine = Engine.load(args.model, device="cpu", normalized=not self_norm) if self_norm else \
-        Engine.load(args.model, device="cpu")
+    engine = Engine.load(args.model, device="cpu", normalized=not self_norm)
     model = os.path.abspath(args.model)
     report: dict = {"self_normalized": self_norm, "sentences": len(lines), "tolerance": args.tolerance}
 

@@ -115,14 +115,22 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
 
 
 def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = None, window: int = 2000,
-               progress: bool = True) -> dict:
+               progress: bool = True, log_z: bool = False) -> dict:
     """Per-token perplexity (every word and </s>, natural log) of a tokenized text.
 
     `cslm` counts every token; an unknown word costs ln P([UNK] | h) in unk
     mode. `cslm_in_shortlist` only counts tokens whose word is in the shortlist.
     With `kenlm`, the n-gram model is scored on the same tokens, in total and on
     the same in-shortlist tokens.
+
+    With `log_z` (an in-process Engine only), also the distribution of ln Z(h)
+    over the text's n-grams (`log_z`: mean, sd, percentiles, mean |ln Z|) and
+    `cslm_ppl_unnormalized`: the perplexity obtained when the unnormalised
+    scores o_w = ln P + ln Z are used as log-probabilities, as a decoder does
+    with a self-normalised model (tokens backed off to KenLM keep their value).
     """
+    if log_z and not hasattr(backend, "score_sentences_log_z"):
+        raise ValueError("ln Z statistics need the model in process (not --server)")
     if isinstance(kenlm, str):
         from .engine import KenLMBackoff
 
@@ -130,11 +138,20 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
     lm = kenlm
     c_all = c_in = k_all = k_in = 0.0
     n_all = n_in = n_unk = n_backoff = k_oov = sentences = 0
+    zs: list[np.ndarray] = []
+    u_all = u_in = 0.0  # sums of the unnormalised scores
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
         for win in _windows(path, window):
             sents = [line.split() for _, line in win]
-            for s, (lp, fl) in zip(sents, backend.score_sentences(sents)):
+            scored = backend.score_sentences_log_z(sents) if log_z else \
+                [(lp, fl, None) for lp, fl in backend.score_sentences(sents)]
+            for s, (lp, fl, lz) in zip(sents, scored):
                 inside = (fl & UNKNOWN) == 0
+                if lz is not None:
+                    zs.append(lz)
+                    u = lp.astype(np.float64) + np.where(fl & BACKOFF, 0.0, lz)  # o_w; KenLM values as they are
+                    u_all += float(u.sum())
+                    u_in += float(u[inside].sum())
                 c_all += float(np.sum(lp, dtype=np.float64))
                 c_in += float(np.sum(lp[inside], dtype=np.float64))
                 n_all += len(lp)
@@ -159,6 +176,16 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
         "cslm_ppl": math.exp(-c_all / max(n_all, 1)),
         "cslm_ppl_in_shortlist": math.exp(-c_in / max(n_in, 1)),
     }
+    if log_z:
+        z = np.concatenate(zs).astype(np.float64)
+        p5, p50, p95 = np.percentile(z, [5, 50, 95])
+        res.update({
+            "cslm_ppl_unnormalized": math.exp(-u_all / n_all),
+            "cslm_ppl_unnormalized_in_shortlist": math.exp(-u_in / max(n_in, 1)),
+            "log_z": {"ngrams": int(len(z)), "mean": float(z.mean()), "sd": float(z.std()), "p5": float(p5),
+                      "p50": float(p50), "p95": float(p95), "mean_abs": float(np.abs(z).mean()),
+                      "min": float(z.min()), "max": float(z.max())},
+        })
     if lm is not None:
         res.update({
             "kenlm_order": lm.order,

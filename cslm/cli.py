@@ -18,7 +18,7 @@ def _threads(n):
     configure_threads(resolve_device("cpu"), n)
 
 
-def _backend(model_dir, server, kenlm, device):
+def _backend(model_dir, server, kenlm, device, self_normalized=False):
     """The in-process engine, or a connection to a running server."""
     if model_dir:
         require_model_dir(model_dir, "cslm")
@@ -28,12 +28,24 @@ def _backend(model_dir, server, kenlm, device):
 
         if kenlm:
             raise click.UsageError("--kenlm belongs to the server (cslm serve --kenlm) when --server is used")
+        if self_normalized:
+            raise click.UsageError("--self-normalized belongs to the server (cslm serve --self-normalized) "
+                                   "when --server is used")
         return RemoteBackend(connect(server, model_dir))
     if not model_dir:
         raise click.UsageError("give MODEL_DIR or --server HOST:PORT")
+    return _engine(model_dir, device, kenlm, self_normalized)
+
+
+def _engine(model_dir, device, kenlm, self_normalized=False):
+    """Engine.load; with self_normalized, a one-line warning on stderr if the model was not trained for it."""
     from .engine import Engine
 
-    return Engine.load(model_dir, device=device, kenlm=kenlm)
+    engine = Engine.load(model_dir, device=device, kenlm=kenlm, normalized=not self_normalized)
+    warning = engine.self_norm_warning(model_dir)
+    if warning:
+        click.echo(warning, err=True)
+    return engine
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,11 +101,14 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False),
               help="Also report this n-gram model's perplexity (ARPA or KenLM binary) on the same tokens.")
 @click.option("--backoff", is_flag=True, help="Score unknown words with the --kenlm model (back-off mode).")
+@click.option("--log-z", is_flag=True,
+              help="Also report ln Z(h) over the text's n-grams (mean, sd, percentiles, mean |ln Z|) and the "
+                   "perplexity of the unnormalised scores o_w used as log-probabilities (self-normalisation).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
-def eval_(model_dir, text, kenlm, backoff, device, threads, quiet):
+def eval_(model_dir, text, kenlm, backoff, log_z, device, threads, quiet):
     """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's."""
     from .apply import perplexity
     from .engine import Engine
@@ -103,8 +118,10 @@ def eval_(model_dir, text, kenlm, backoff, device, threads, quiet):
     require_model_dir(model_dir, "cslm")
     _threads(threads)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
-    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet)
+    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet, log_z=log_z)
     res["mode"] = engine.mode
+    if log_z:
+        res["train_self_norm"] = engine.train_self_norm
     click.echo(json.dumps(res, indent=2))
 
 
@@ -133,22 +150,26 @@ def _split_paths(paths, server, what):
 @click.option("--ngrams", is_flag=True, help="Each line is an n-gram (predicted word last), not a sentence.")
 @click.option("--per-word", is_flag=True, help="Sentence mode: also print each token's log-probability.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
+@click.option("--self-normalized", is_flag=True,
+              help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
+                   "trained with --self-norm. Default: exact log-probabilities.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
-def score(paths, output, server, ngrams, per_word, kenlm, device, threads, quiet):
+def score(paths, output, server, ngrams, per_word, kenlm, self_normalized, device, threads, quiet):
     """Natural-log probabilities of the sentences (or n-grams) of TEXT ('-' = stdin).
 
     Sentence mode prints `<ln P(sentence)>\\t<unknown words>\\t<tokens>` per line;
     n-gram mode prints `<ln P(last word | the others)>\\t<flags>` (flags: 1 unknown, 2 backed off).
     With --server only TEXT is needed: `cslm score --server HOST:PORT TEXT`.
+    With --self-normalized the values are the unnormalised scores o_w (see docs/cslm.md).
     """
     from .apply import score_file
 
     model_dir, text = _split_paths(paths, server, "TEXT")
     _threads(threads)
-    backend = _backend(model_dir, server, kenlm, device)
+    backend = _backend(model_dir, server, kenlm, device, self_normalized)
     summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet)
     if not quiet:
         click.echo(json.dumps(summary), err=True)
@@ -186,20 +207,24 @@ def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet)
 @click.option("--max-frame", default=16 << 20, show_default=True, help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", default=300.0, show_default=True, help="Close connections silent this long (seconds).")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back-off mode: score unknown words with this n-gram model.")
+@click.option("--self-normalized", is_flag=True,
+              help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
+                   "trained with --self-norm. Default: exact log-probabilities.")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", type=int, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, kenlm, device,
-          threads, port_file):
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, kenlm,
+          self_normalized, device, threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
-    from .engine import Engine
     from .server import ServerConfig, serve as run
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     require_model_dir(model_dir, "cslm")
     _threads(threads)
-    engine = Engine.load(model_dir, device=device, kenlm=kenlm)
+    engine = _engine(model_dir, device, kenlm, self_normalized)
+    if self_normalized:
+        _ = engine.tables  # build the premultiplied tables before listening, not on the first request
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
                        cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout)
     run(engine, cfg, name=model_dir, port_file=port_file, summary=True)

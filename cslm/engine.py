@@ -18,6 +18,19 @@ up to 11 rows differ in the last bits with 2 threads, up to 27 with 16), and the
 server must return bit-identical numbers to an offline run. On a GPU the
 agreement is to within float32 rounding.
 
+Self-normalised scoring (`Engine(..., normalized=False)`, `cslm score
+--self-normalized`, `cslm serve --self-normalized`). A model trained with the
+alpha (ln Z)^2 penalty (Devlin et al., 2014; `cslm train --self-norm`) has
+ln Z(h) ~ 0, so a decoder may take the unnormalised activation
+o_w = out.weight[w] . h + out.bias[w] as ln P(w | h) and skip the softmax: one
+output row per n-gram instead of the whole shortlist. The first layer then
+comes from premultiplied per-position word tables (`CSLM.first_layer_tables`,
+built once on first use, float32, (n-1) * V * H1 * 4 bytes: 123 MB for the
+`small` preset, 553 MB for `paper`): h1 = relu(b1 + sum_p T_p[w_p]), one lookup
+and add per history word. This is the arithmetic the decoder's C++ evaluator
+does. The exact, normalised path stays the default everywhere.
+`score_ids_log_z` returns the exact ln P and ln Z(h) together (`cslm eval --log-z`).
+
 Unknown words (outside the shortlist). Mode "unk" (the paper's choice): the
 n-gram is scored as predicting `[UNK]`, i.e. the value is ln P([UNK] | h), the
 probability of the whole class of unknown words, and flag UNKNOWN is set so the
@@ -87,24 +100,58 @@ class KenLMBackoff:
         return [(lp * LN10, oov) for lp, _, oov in self.model.full_scores(" ".join(words), bos=True, eos=True)]
 
 
+def train_self_norm(meta: dict) -> float | None:
+    """The alpha of the (ln Z)^2 penalty a model was trained with (meta.train_config.self_norm), None if unknown."""
+    alpha = (meta or {}).get("train_config", {}).get("self_norm")
+    return float(alpha) if alpha is not None else None
+
+
 class Engine:
     def __init__(self, model: CSLM, vocab: Vocabulary, device: str | torch.device = "cpu",
-                 backoff: KenLMBackoff | None = None, chunk: int = 2048):
+                 backoff: KenLMBackoff | None = None, chunk: int = 2048, normalized: bool = True):
         self.model = model.eval()
         self.vocab = vocab
         self.device = torch.device(device)
         self.backoff = backoff
         self.chunk = chunk
+        self.normalized = normalized  # False: o_w (self-normalised scores) instead of o_w - ln Z
         self.order = model.config.order
         self.bos_id, self.eos_id, self.unk_id = vocab.index[BOS], vocab.index[EOS], vocab.unk_id
         self.mode = "backoff" if backoff is not None else "unk"
         self.min_rows = max(32, 4 * torch.get_num_threads())
+        self.train_self_norm: float | None = None  # alpha of the training's (ln Z)^2 penalty, if known (load())
+        self._tables: torch.Tensor | None = None
 
     @classmethod
-    def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048) -> "Engine":
+    def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048,
+             normalized: bool = True) -> "Engine":
         dev = resolve_device(device)
         m = modeldir.load(model_dir, dev)
-        return cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk)
+        eng = cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk, normalized)
+        eng.train_self_norm = train_self_norm(m.meta)
+        return eng
+
+    @property
+    def scores(self) -> str:
+        """What the numbers are: "exact" (o_w - ln Z, log-probabilities) or "self-normalized" (o_w)."""
+        return "exact" if self.normalized else "self-normalized"
+
+    def self_norm_warning(self, name: str = "the model") -> str | None:
+        """A one-line warning when unnormalised scores are asked of a model not trained to be self-normalised."""
+        if self.normalized or (self.train_self_norm or 0.0) > 0:
+            return None
+        how = "without self-normalisation (self_norm = 0)" if self.train_self_norm is not None else \
+            "with no recorded self_norm"
+        return (f"cslm: warning: {name} was trained {how}: its unnormalised scores o_w are not log-probabilities "
+                f"(ln Z is not ~0); train with --self-norm ALPHA > 0 for that")
+
+    @property
+    def tables(self) -> torch.Tensor:
+        """The premultiplied first layer, (n-1, V, H1) float32, built on first use (see the module docstring)."""
+        if self._tables is None:
+            with torch.no_grad():
+                self._tables = self.model.first_layer_tables(torch.float32)
+        return self._tables
 
     # -- the batched core -------------------------------------------------
     def pad(self, ngrams: np.ndarray) -> np.ndarray:
@@ -120,20 +167,37 @@ class Engine:
             ngrams = np.concatenate([pad, ngrams], axis=1)
         return np.ascontiguousarray(ngrams)
 
-    @torch.no_grad()
     def score_ids(self, ngrams: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(N, n) word ids -> (N,) float32 ln P(last | previous), (N,) uint8 flags."""
+        """(N, n) word ids -> (N,) float32 scores, (N,) uint8 flags.
+
+        The scores are ln P(last | previous) (exact softmax), or with `normalized=False`
+        the unnormalised activations o_w of the self-normalised path."""
         ngrams = self.pad(ngrams)
-        n = len(ngrams)
-        logp = np.empty(n, np.float32)
         flags = (ngrams[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
+        out = self._run(ngrams, self._chunk if self.normalized else self._chunk_self_normalized, 1)
+        return out[:, 0], flags
+
+    def score_ids_log_z(self, ngrams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(N, n) word ids -> exact ln P (N,) float32, flags (N,) uint8, ln Z(history) (N,) float32.
+
+        Always the full softmax, whatever `normalized` says; ln P + ln Z is o_w."""
+        ngrams = self.pad(ngrams)
+        flags = (ngrams[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
+        out = self._run(ngrams, self._chunk, 2)
+        return np.ascontiguousarray(out[:, 0]), flags, np.ascontiguousarray(out[:, 1])
+
+    @torch.no_grad()
+    def _run(self, ngrams: np.ndarray, chunk_fn, width: int) -> np.ndarray:
+        """Padded (N, order) n-grams -> (N, width) float32: chunk_fn over the distinct histories."""
+        n = len(ngrams)
+        res = np.empty((n, width), np.float32)
         if n == 0:
-            return logp, flags
+            return res
         ctx = np.ascontiguousarray(ngrams[:, :-1])
         targets = torch.from_numpy(ngrams[:, -1].astype(np.int64))
         if n <= self.min_rows:  # a decoder's typical request: one padded chunk either way, no de-duplication
-            logp[:] = self._chunk(ctx, torch.arange(n), targets)
-            return logp, flags
+            res[:] = chunk_fn(ctx, torch.arange(n), targets, width)
+            return res
         # Distinct histories: view each row's n-1 ids as one opaque value and sort.
         keys = ctx.view(np.dtype((np.void, ctx.dtype.itemsize * ctx.shape[1]))).ravel()
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
@@ -143,18 +207,32 @@ class Engine:
         inv = torch.from_numpy(inverse.astype(np.int64))
         for c, start in enumerate(range(0, len(uniq), self.chunk)):
             sel = torch.from_numpy(order[bounds[c] : bounds[c + 1]])
-            logp[sel.numpy()] = self._chunk(uniq[start : start + self.chunk], inv[sel] - start, targets[sel])
-        return logp, flags
+            res[sel.numpy()] = chunk_fn(uniq[start : start + self.chunk], inv[sel] - start, targets[sel], width)
+        return res
 
-    def _chunk(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
-        """ln P(targets[i] | rows[local[i]]) for one chunk of (n-1)-word histories."""
+    def _padded(self, rows: np.ndarray) -> torch.Tensor:
+        """Histories as a tensor, padded to at least min_rows rows (see the module docstring:
+        results are then batch-independent)."""
+        if len(rows) < self.min_rows:
+            rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - len(rows), axis=0)])
+        return torch.from_numpy(rows.astype(np.int64)).to(self.device)
+
+    def _chunk(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor, width: int = 1) -> np.ndarray:
+        """ln P(targets[i] | rows[local[i]]) (and ln Z, width 2) for one chunk of (n-1)-word histories."""
         m = len(rows)
-        if m < self.min_rows:  # see the module docstring: pad so results are batch-independent
-            rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - m, axis=0)])
-        logits = self.model(torch.from_numpy(rows.astype(np.int64)).to(self.device)).float()  # (C, V) activations o
+        logits = self.model(self._padded(rows)).float()  # (C, V) activations o
         log_z = torch.logsumexp(logits[:m], dim=1)  # ln sum_r exp(o_r), Eq. (2)'s normaliser; padding rows skipped
         local = local.to(self.device)
-        return (logits[local, targets.to(self.device)] - log_z[local]).cpu().numpy()  # o_w - ln Z
+        logp = logits[local, targets.to(self.device)] - log_z[local]  # o_w - ln Z
+        out = logp[:, None] if width == 1 else torch.stack([logp, log_z[local]], dim=1)
+        return out.cpu().numpy()
+
+    def _chunk_self_normalized(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor,
+                               width: int = 1) -> np.ndarray:
+        """o_w = out.weight[w] . h + out.bias[w] for one chunk: premultiplied first layer, one output row each."""
+        h = self.model.features_from_tables(self.tables, self._padded(rows))  # (C, H) float32
+        o = self.model.output_rows(h[local.to(self.device)], targets.to(self.device))
+        return o[:, None].cpu().numpy()
 
     # -- word strings -------------------------------------------------------
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -184,17 +262,27 @@ class Engine:
 
     def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per sentence: (len+1,) ln P of each word and </s>, and their flags; one batched call."""
+        return [(lp, fl) for lp, fl, _ in self._sentences(sentences, self.score_ids)]
+
+    def score_sentences_log_z(self, sentences: Sequence[Sequence[str]]
+                              ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per sentence: exact ln P of each word and </s>, flags, and ln Z of each token's history."""
+        return self._sentences(sentences, self.score_ids_log_z)
+
+    def _sentences(self, sentences, score) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         if not sentences:
             return []
         rows = [self.sentence_ngrams(s) for s in sentences]
-        logp, flags = self.score_ids(np.concatenate(rows))
+        logp, flags, *rest = score(np.concatenate(rows))
+        log_z = rest[0] if rest else None
         out, at = [], 0
         for s, r in zip(sentences, rows):
             lp, fl = logp[at : at + len(r)], flags[at : at + len(r)]
+            lz = log_z[at : at + len(r)] if log_z is not None else None
             at += len(r)
             if self.backoff is not None and fl.any():
                 words = [BOS] * (self.order - 1) + list(s) + [EOS]
                 grams = [words[j : j + self.order] for j in range(len(r))]
                 self.apply_backoff(grams, lp, fl)
-            out.append((lp, fl))
+            out.append((lp, fl, lz))
         return out

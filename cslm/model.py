@@ -95,6 +95,43 @@ class CSLM(nn.Module):
         """(B, n-1) word ids -> (B, V) unnormalised scores; softmax gives P(w_n | history), Eq. (2)."""
         return self.out(self.features(context))
 
+    # -- the decoder's self-normalised path (premultiplied first layer) --------------
+    def first_layer_tables(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The first hidden layer premultiplied into per-position word tables (as NPLM does).
+
+        The first rectified layer is h1 = relu(b1 + W1 [e(w_1); ...; e(w_{n-1})]), the
+        projections concatenated (Sec. 4.1.2). W1 splits into one block per history
+        position, W1 = [W1_1 ... W1_{n-1}] with W1_p = W1[:, p*E:(p+1)*E], so
+
+            h1 = relu(b1 + sum_p W1_p e(w_p)) = relu(b1 + sum_p T_p[w_p]),  T_p[w] = W1_p e(w).
+
+        Returns T: (n-1, V, H1), T[p, w] = W1_p @ embed[w]. Memory: (n-1) * V * H1 values,
+        4 bytes each in float32: 123 MB for the `small` preset, 553 MB for `paper`.
+        """
+        E = self.config.embed
+        emb = self.embed.weight.detach().to(dtype)  # (V, E)
+        W1 = self.hidden[0].weight.detach().to(dtype)  # (H1, (n-1)*E)
+        return torch.stack([emb @ W1[:, p * E : (p + 1) * E].T for p in range(self.config.context)])
+
+    def features_from_tables(self, tables: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """(B, n-1) word ids -> (B, H) last rectified layer, the first layer read from `first_layer_tables`:
+        h1 = relu(b1 + sum_p T_p[w_p]), then h_{k+1} = relu(W_k h_k + b_k) as in `features`."""
+        V = self.config.vocab_size
+        offsets = torch.arange(self.config.context, device=context.device) * V  # row of T_p[w] in T viewed (C*V, H1)
+        # sum_p T_p[w_p]: one lookup-and-add per history word (embedding_bag: no (B, n-1, H1) intermediate)
+        summed = F.embedding_bag(context + offsets, tables.reshape(-1, tables.shape[-1]), mode="sum")
+        x = F.relu(self.hidden[0].bias.detach().to(tables.dtype) + summed)
+        for layer in self.hidden[1:]:
+            x = F.relu(F.linear(x, layer.weight.detach().to(tables.dtype), layer.bias.detach().to(tables.dtype)))
+        return x
+
+    def output_rows(self, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """(B, H) features, (B,) word ids -> (B,) activations o_w = out.weight[w] . h + out.bias[w]:
+        one output row per n-gram instead of the whole (B, V) layer. With a self-normalised model
+        (ln Z ~ 0) o_w is used as ln P(w | h) directly; the exact value is o_w - ln sum_r exp(o_r), Eq. (2)."""
+        w = F.embedding(target, self.out.weight.detach().to(h.dtype))  # (B, H)
+        return (w * h).sum(dim=1) + self.out.bias.detach().to(h.dtype)[target]
+
     def loss(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean negative natural-log likelihood of the targets."""
         return F.cross_entropy(self(context), target)

@@ -363,15 +363,17 @@ class Server:
         d = self.stats.to_dict(len(self.scorer.cache), self.cfg.cache_size)
         d["config"] = asdict(self.cfg)
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
-                      "device": str(self.engine.device)}
+                      "scores": self.engine.scores, "device": str(self.engine.device)}
         return d
 
 
 def startup_message(engine: Engine, host: str, port: int, name: str | None = None) -> str:
     """The line `cslm serve` prints once listening."""
     what = f" {name}" if name else ""
+    scores = "" if engine.normalized else \
+        "; self-normalized scores o_w, no softmax: log-probabilities only if the model was trained with --self-norm"
     return (f"cslm: serving{what} on {host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
-            f"mode {engine.mode}, device {engine.device})")
+            f"mode {engine.mode}, device {engine.device}{scores})")
 
 
 def shutdown_summary(stats: dict) -> str:
