@@ -1,11 +1,18 @@
 """Scoring speed of the `paper` preset on CPU (or --device cuda).
 
-Prints, measured in one run:
+Prints, measured in one run (batched runs taken in turn within each of
+--repeats rounds, medians reported):
   - pairs/s of the batched scorer against a one-pair-at-a-time loop with the
-    same model (target: batched >= 20x);
+    same model (target: batched >= 20x; the aim 30x);
   - the model's arithmetic rate (FLOP/s, the analytic count of the work the
     scorer did: encoder words, distinct sources, prefix-tree decoder nodes)
-    against the machine's measured float32 matrix-multiply rate (target: > 40%).
+    against the machine's measured float32 matrix-multiply rate (target: > 40%;
+    the aim 80%);
+  - the same two figures for the bfloat16 scorer (`--dtype bf16`) where the
+    hardware has native bfloat16, its arithmetic rate also against the
+    measured bfloat16 matrix-multiply rate.
+The one-pair loop is plain: for each pair, one teacher-forced forward pass of
+the float32 model on that pair alone.
 """
 
 from __future__ import annotations
@@ -17,16 +24,16 @@ import time
 
 import torch
 
-from common import median_time, require_shared, table_slice, untrained_model_dir, workdir
+from common import require_shared, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
+from moses_rnn.runtime import configure_threads, cpu_has_bf16, resolve_device
 from moses_rnn.score import PhraseScorer
-from moses_rnn.runtime import configure_threads, resolve_device
 
 
-def matmul_rate(device: torch.device, n: int = 2048, repeats: int = 5) -> float:
-    """Measured float32 GEMM FLOP/s (median of `repeats`)."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def matmul_rate(device: torch.device, n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Measured GEMM FLOP/s in `dtype` (median of `repeats`)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
     torch.mm(a, b)
     rates = []
     for _ in range(repeats):
@@ -49,22 +56,29 @@ def main():
     ap.add_argument("--preset", default="paper")
     ap.add_argument("--pairs", type=int, default=8192, help="pairs scored by the batched scorer")
     ap.add_argument("--single-pairs", type=int, default=300, help="pairs scored one at a time")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--no-bf16", action="store_true", help="float32 only")
+    ap.add_argument("--quick", action="store_true", help="1,024 pairs, 50 one at a time, one round")
+    ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
+    if args.quick:
+        args.pairs, args.single_pairs, args.repeats = 1024, 50, 1
     require_shared()
     device = resolve_device(args.device)
     tmp = workdir()
     table = table_slice(200_000, tmp)
     model_dir = untrained_model_dir(args.preset, table, tmp)
-    scorer = PhraseScorer.from_dir(model_dir, device=str(device))
+    scorers = {"fp32": PhraseScorer.from_dir(model_dir, device=str(device))}
+    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
+    if native and not args.no_bf16:
+        scorers["bf16"] = PhraseScorer.from_dir(model_dir, device=str(device), dtype="bf16")
+    scorer = scorers["fp32"]
     configure_threads(device, args.threads, scorer.model.config)
     # a contiguous slice from the middle of the table keeps its source grouping
     pairs = [(p.source, p.target) for p in read_phrase_table(table)][50_000 : 50_000 + args.pairs]
     single = pairs[:: max(1, len(pairs) // args.single_pairs)][: args.single_pairs]
-
-    scorer.score(pairs[:512])  # warm-up
-    t_batched = median_time(lambda: scorer.score(pairs), repeats=3)
 
     def one_at_a_time():
         """The straightforward loop: one teacher-forced forward pass per pair."""
@@ -75,9 +89,22 @@ def main():
                 tgt = torch.tensor([tv.encode(t.split()) + [eos]], device=device)
                 model(src, torch.ones_like(src, dtype=torch.bool), tgt, torch.ones_like(tgt, dtype=torch.bool))
 
+    for s in scorers.values():
+        s.score(pairs[:512])  # warm-up
     one_at_a_time()
-    t_single = median_time(one_at_a_time, repeats=3)
-    batched_rate = len(pairs) / t_batched
+    times: dict[str, list[float]] = {k: [] for k in [*scorers, "single"]}
+    for _ in range(args.repeats):
+        for name, s in scorers.items():
+            sync(device)
+            t = time.perf_counter()
+            s.score(pairs)
+            sync(device)
+            times[name].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        one_at_a_time()
+        sync(device)
+        times["single"].append(time.perf_counter() - t)
+    t_single = statistics.median(times["single"])
     single_rate = len(single) / t_single
 
     # arithmetic actually done, counted from the work the scorer reports
@@ -90,26 +117,37 @@ def main():
     per_enc_word = m.flops_per_pair(1, 0) - per_source
     per_node = m.flops_per_pair(0, 1) - per_source
     flops = scorer.encoder_tokens * per_enc_word + scorer.distinct_sources * per_source + scorer.decoder_nodes * per_node
-    distinct = scorer.distinct_sources
-    target_symbols = sum(len(t.split()) + 1 for _, t in pairs)
-    model_rate = flops / t_batched
     peak = matmul_rate(device)
     result = {
         "preset": args.preset,
         "device": str(device),
         "threads": torch.get_num_threads(),
         "pairs": len(pairs),
-        "distinct_sources": distinct,
-        "target_symbols": target_symbols,
+        "distinct_sources": scorer.distinct_sources,
+        "target_symbols": sum(len(t.split()) + 1 for _, t in pairs),
         "decoder_nodes": scorer.decoder_nodes,
-        "batched_pairs_per_s": round(batched_rate, 1),
+        "node_chunk": scorer.node_chunk,
         "one_at_a_time_pairs_per_s": round(single_rate, 1),
-        "speedup": round(batched_rate / single_rate, 1),
-        "model_gflops": round(model_rate / 1e9, 2),
         "matmul_gflops": round(peak / 1e9, 2),
-        "fraction_of_matmul": round(model_rate / peak, 3),
     }
-    print(json.dumps(result, indent=2))
+    for name in scorers:
+        t_batched = statistics.median(times[name])
+        rate = len(pairs) / t_batched
+        prefix = "" if name == "fp32" else "bf16_"
+        result[f"{prefix}batched_pairs_per_s"] = round(rate, 1)
+        result[f"{prefix}speedup"] = round(rate / single_rate, 1)
+        result[f"{prefix}model_gflops"] = round(flops / t_batched / 1e9, 2)
+        result[f"{prefix}fraction_of_matmul"] = round(flops / t_batched / peak, 3)
+        if name == "bf16":
+            peak16 = matmul_rate(device, dtype=torch.bfloat16)
+            result["bf16_matmul_gflops"] = round(peak16 / 1e9, 2)
+            result["bf16_fraction_of_bf16_matmul"] = round(flops / t_batched / peak16, 3)
+    result["runs_s"] = {k: [round(x, 3) for x in v] for k, v in times.items()}
+    out = json.dumps(result, indent=2)
+    print(out)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.write(out + "\n")
 
 
 if __name__ == "__main__":

@@ -79,27 +79,41 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
 @click.option("--normalize", is_flag=True, help="Divide log p by the number of target symbols (words + </s>).")
 @click.option("--unknown/--no-unknown", default=False, show_default=True,
               help="Also append the count of words outside the shortlists (word-penalty feature).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--threads", type=int, help="CPU threads [all cores; 1 for models smaller than `small`].")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "auto"]),
+              help="fp32: exact. bf16: bfloat16 matrix products (GPUs, CPUs with AVX-512 BF16 or AMX; an error "
+                   "elsewhere), log p within a few hundredths, see docs/scoring.md. auto: bf16 where native.")
+@click.option("--threads", type=int, help="CPU threads [all cores, shared by torchrun's local processes; "
+                                          "1 for models smaller than `small`].")
 @click.option("--workers", type=int,
               help="Scoring processes [all cores for models smaller than `small` on CPU and tables over 8 MB; else 1].")
 @click.option("--window", default=8192, show_default=True, help="Lines read and scored together.")
 @click.option("--token-budget", default=16384, show_default=True, help="Source words per encoder batch.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
-def score(table, model_dir, output, normalize, unknown, device, threads, workers, window, token_budget, quiet):
-    """Append log p(target | source) (as e^value, see README) to every line of TABLE."""
-    from .score import score_table, setup_scoring
+def score(table, model_dir, output, normalize, unknown, device, dtype, threads, workers, window, token_budget, quiet):
+    """Append log p(target | source) (as e^value, see README) to every line of TABLE.
+
+    Sharded over processes or machines with torchrun, e.g.
+    `torchrun --nproc-per-node 2 $(which moses-rnn) score TABLE -m MODEL -o OUT` (docs/scoring.md).
+    """
+    from .runtime import Distributed
+    from .score import setup_scoring
+    from .shard import score_table
 
     require_model_dir(model_dir, "moses-rnn")
     output = output or default_output(table)
     if output != "-" and os.path.abspath(output) == os.path.abspath(table):
         raise click.ClickException("output would overwrite the input table")
-    setup = setup_scoring(model_dir, table, device, threads, workers, token_budget)
-    stats = score_table(setup.scorer, table, output, normalize=normalize, unknown=unknown, window=window,
-                        workers=setup.workers, progress=not quiet)
-    click.echo(f"{stats.lines} lines, {stats.distinct_sources} source groups, {stats.pairs_per_second:.0f} pairs/s "
-               f"on {setup.device} ({stats.workers} process{'es' if stats.workers > 1 else ''}) -> {output}", err=True)
+    with setup_scoring(model_dir, table, device, threads, workers, token_budget, dtype,
+                       Distributed.from_env()) as setup:
+        stats = score_table(setup.scorer, table, output, normalize=normalize, unknown=unknown, window=window,
+                            workers=setup.workers, progress=not quiet, dist=setup.dist)
+    if setup.dist.is_main:
+        procs = f"{stats.processes} torchrun processes x " if stats.processes > 1 else ""
+        click.echo(f"{stats.lines} lines, {stats.distinct_sources} source groups, {stats.pairs_per_second:.0f} pairs/s "
+                   f"on {setup.device}, {setup.scorer.compute_dtype} ({procs}{stats.workers} "
+                   f"process{'es' if stats.workers > 1 else ''}) -> {output}", err=True)
 
 
 @main.group()

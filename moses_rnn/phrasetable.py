@@ -8,6 +8,8 @@ The reader keeps each line whole and remembers where the scores field ends,
 so the writer can append new score columns *inside* field 3 and copy every
 other byte of the line unchanged (line endings and trailing fields included).
 Memory is constant: lines are parsed one at a time from the stream.
+`parse_window` does the same for a block of lines at once (numpy over the
+raw bytes), with the same results and errors; the table rewrite uses it.
 
 Moses takes ln() of every phrase-table score when it loads a table and floors
 the result at -100 (`FloorScore` in moses/TypeDef.h). A column meant to
@@ -140,3 +142,210 @@ def format_rows(values: np.ndarray) -> list[str]:
     if vals.shape[1] == 2:  # the scorer's usual pair of columns, without a generator per row
         return [f"{a:.7g} {b:.7g}" for a, b in zip(vals[:, 0].tolist(), vals[:, 1].tolist())]
     return [" ".join(f"{v:.7g}" for v in row) for row in vals.tolist()]
+
+
+# -- whole windows of lines at once ---------------------------------------------------------------------------
+# `parse_line` costs a few microseconds of Python per line; rewriting a 4M-line table with a small model is
+# mostly that. `parse_window` does the same parsing and validation for a block of lines with numpy over the
+# raw bytes (separator positions, field spans, character checks) and a handful of C-level passes (UTF-8
+# decoding, slicing, float conversion), and hands every line it is not sure of to `parse_line` itself, so its
+# results and its error messages are those of `parse_line` by construction.
+
+# The UTF-8 encodings of the characters above U+007F that str.split() and str.strip() treat as whitespace
+# (U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000): a line holding one takes
+# the exact path, since bytes.split() would not split there.
+_WIDE_SPACES_2 = np.array([0xC285, 0xC2A0], dtype=np.int64)
+_WIDE_SPACES_3 = np.array([0xE19A80, *range(0xE28080, 0xE2808B), 0xE280A8, 0xE280A9, 0xE280AF, 0xE2819F, 0xE38080],
+                          dtype=np.int64)
+_PAD = bytes(16)  # zeros after the data, so look-ahead indexing never runs off the end
+
+
+class Window:
+    """A block of consecutive table lines, parsed and validated.
+
+    `data` is the block's bytes (valid UTF-8, the last line may lack its newline). For each line:
+    `sources[i]` and `targets[i]` are the phrases as UTF-8 bytes, their words (those of str.split()) joined
+    by single spaces (`phrase_key`), and `insert_at[i]` is the byte offset in `data` where field 3 (the
+    scores) ends: new score columns go there, every other byte is copied.
+    """
+
+    __slots__ = ("data", "first_lineno", "sources", "targets", "insert_at")
+
+    def __init__(self, data: bytes, first_lineno: int, sources: list[bytes], targets: list[bytes],
+                 insert_at: np.ndarray):
+        self.data, self.first_lineno = data, first_lineno
+        self.sources, self.targets, self.insert_at = sources, targets, insert_at
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def with_columns(self, columns: list[bytes]) -> bytes:
+        """The block with `columns[i]` (formatted, with its leading space) inserted at the end of line i's field 3."""
+        if len(columns) != len(self):
+            raise ValueError(f"{len(columns)} column strings for {len(self)} lines")
+        data, cuts = self.data, self.insert_at.tolist()
+        out: list[bytes] = [b""] * (2 * len(cuts) + 1)
+        out[0::2] = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+        out[1::2] = columns
+        return b"".join(out)
+
+
+def split_lines(data: bytes) -> list[bytes]:
+    """The lines of `data`, each with its newline (only b'\\n' ends a line, as when reading a file)."""
+    lines = data.split(b"\n")
+    last = lines.pop()
+    lines = [line + b"\n" for line in lines]
+    if last:
+        lines.append(last)
+    return lines
+
+
+def parse_window_exactly(data: bytes, path: str, first_lineno: int, nscores: int | None = None) -> Window:
+    """`parse_window`'s results, line by line through `parse_line`: the reference it is tested against, and
+    the path that names the first bad line of a window in order."""
+    from .textio import decode_line
+
+    sources, targets, insert_at, offset = [], [], [], 0
+    for k, raw in enumerate(split_lines(data)):
+        lineno = first_lineno + k
+        pair = parse_line(decode_line(raw, path, lineno), path, lineno, nscores)
+        if nscores is None:
+            nscores = len(pair.scores)
+        sources.append(phrase_key(pair.source))
+        targets.append(phrase_key(pair.target))
+        insert_at.append(offset + len(pair.line[: pair._scores_end].encode("utf-8")))
+        offset += len(raw)
+    return Window(data, first_lineno, sources, targets, np.array(insert_at, dtype=np.int64))
+
+
+def phrase_key(phrase: str) -> bytes:
+    """A phrase as `Window` holds it: its words (str.split()) joined by single spaces, UTF-8."""
+    return " ".join(phrase.split()).encode("utf-8")
+
+
+def parse_window(data: bytes, path: str, first_lineno: int, nscores: int | None = None) -> Window:
+    """Parse and validate a block of table lines (`first_lineno` numbers its first line).
+
+    Same results and same errors (`InputError` naming the file and the first bad line) as `parse_line` on
+    each line in turn, with `nscores` (default: the first line's) scores required on every line.
+
+    A line takes the vectorised path when it has the usual shape: 3 to 7 fields separated by ' ||| ', no
+    space at either end of the source, target or scores, no two spaces in a row, printable ASCII scores,
+    and no whitespace other than spaces (and the final CR LF). Any other line goes through `parse_line`. Any error at all sends the whole window through `parse_window_exactly`, so the error
+    raised is the one of the first bad line.
+    """
+    if not data:
+        return Window(data, first_lineno, [], [], np.zeros(0, dtype=np.int64))
+    if nscores is None:
+        from .textio import decode_line
+
+        first_line = split_lines(data[: data.find(b"\n") + 1 or len(data)])[0]
+        nscores = len(parse_line(decode_line(first_line, path, first_lineno), path, first_lineno).scores)
+    try:
+        data.decode("utf-8")  # validates the whole block at C speed; the str itself is not needed
+        return _parse_window_fast(data, path, first_lineno, nscores)
+    except (UnicodeDecodeError, _NotFast):
+        return parse_window_exactly(data, path, first_lineno, nscores)
+
+
+class _NotFast(Exception):
+    """Something in the window needs the line-by-line path (an error, found there with its line number)."""
+
+
+def _parse_window_fast(data: bytes, path: str, first_lineno: int, nscores: int) -> Window:
+    n = len(data)
+    if n < 8:
+        raise _NotFast
+    a = np.frombuffer(data + _PAD, dtype=np.uint8)
+    head = a[:n]
+    ctrl = np.flatnonzero(head < 32)  # newlines, and any tab, CR or other control character
+    nl = ctrl[a[ctrl] == 10]
+    ends = nl if data.endswith(b"\n") else np.append(nl, n)  # end of each line's content, newline excluded
+    nlines = len(ends)
+    starts = np.empty(nlines, dtype=np.int64)
+    starts[0], starts[1:] = 0, ends[:-1] + 1
+    crlf = (ends < n) & (ends > starts) & (a[ends - 1] == 13)
+    body = ends - crlf  # parse_line's body_end: a final CR LF is not part of the last field
+
+    # " |||" (the field separator without its trailing space) everywhere; it cannot overlap itself, so
+    # str.find and str.count see exactly these occurrences
+    p = np.flatnonzero(head == 124)
+    bars = p[(a[p - 1] == 32) & (a[p + 1] == 124) & (a[p + 2] == 124)] - 1
+    bars = bars[bars >= 0]
+    first = np.searchsorted(bars, starts)
+    k = np.diff(first, append=len(bars))  # separators on each line
+    barp = np.empty(len(bars) + 3, dtype=np.int64)
+    barp[: len(bars)], barp[len(bars) :] = bars, n  # sentinels for lines with fewer than 3
+    b1, b2, b3 = barp[first], barp[first + 1], barp[first + 2]
+    three = k >= 3
+    s0, s1 = b2 + 5, np.where(three, b3, body)  # the scores field [s0, s1)
+    ok = (
+        (k >= 2) & (k <= MAX_FIELDS - 1)  # fields: k + 1 (k >= 3) or 3, as parse_line counts them
+        & (a[b1 + 4] == 32) & (a[b2 + 4] == 32) & (b2 >= b1 + 5) & (~three | (b3 >= s0))  # find() lands on them
+        & (b1 > starts) & (a[starts] != 32) & (a[b1 - 1] != 32)  # source: non-empty, nothing to strip
+        & (b2 > b1 + 5) & (a[b1 + 5] != 32) & (a[b2 - 1] != 32)  # target
+        & (s1 > s0) & (a[s0] != 32) & (a[s1 - 1] != 32)  # scores
+    )
+    # control characters (a tab, a CR not ending the line, U+001C-U+001F, ...) and wide spaces: exact path
+    ctrl = ctrl[(a[ctrl] != 10) & ~((a[ctrl] == 13) & (a[ctrl + 1] == 10))]
+    high = np.flatnonzero(head > 126)
+    lead = high[(a[high] == 0xC2) | ((a[high] >= 0xE1) & (a[high] <= 0xE3))]
+    code = (a[lead].astype(np.int64) << 16) | (a[lead + 1].astype(np.int64) << 8) | a[lead + 2]
+    wide = lead[np.isin(code >> 8, _WIDE_SPACES_2) | np.isin(code, _WIDE_SPACES_3)]
+    # two spaces in a row (inside a phrase: its key would not be words joined by single spaces)
+    doubled = np.flatnonzero((head[:-1] == 32) & (head[1:] == 32))
+    ok[np.searchsorted(starts, np.concatenate([ctrl, wide, doubled]), side="right") - 1] = False
+    # scores outside printable ASCII (float(bytes) equals float(str) on ASCII): exact path
+    line = np.searchsorted(starts, high, side="right") - 1
+    ok[line[(high >= s0[line]) & (high < s1[line])]] = False
+
+    fast = np.flatnonzero(ok)
+    if len(fast):
+        # the score fields of the fast lines, each followed by one space: tokens and per-line counts
+        lo, hi = s0[fast], s1[fast]
+        width = hi - lo + 1
+        offsets = np.cumsum(width) - width
+        joined = a[np.repeat(lo - offsets, width) + np.arange(int(width.sum()))]
+        joined[offsets + width - 1] = 32
+        gaps = np.flatnonzero(joined == 32)
+        counts = np.diff(np.searchsorted(gaps, offsets + width - 1, side="right"), prepend=0)
+        if np.any(counts != nscores):
+            raise _NotFast  # a score count differs from the first line's
+        # float() on each distinct score string (scores repeat: 1, 0.5, ...); all positive and below 1e300
+        # means every value is positive and finite and every line's sum is finite, parse_line's checks
+        try:
+            values = np.fromiter(map(float, set(joined[:-1].tobytes().split(b" "))), dtype=np.float64)
+        except ValueError:
+            raise _NotFast from None
+        if not (np.all(values > 0.0) and np.all(values < 1e300)):
+            raise _NotFast
+    src = [data[x:y] for x, y in zip(starts[fast].tolist(), b1[fast].tolist())]
+    tgt = [data[x:y] for x, y in zip((b1[fast] + 5).tolist(), b2[fast].tolist())]
+    insert_at = s1
+    if len(fast) < nlines:  # the other lines, through parse_line (an error there is the window's first)
+        from .textio import decode_line
+
+        sources: list[bytes] = [b""] * nlines
+        targets: list[bytes] = [b""] * nlines
+        for i, s, t in zip(fast.tolist(), src, tgt):
+            sources[i], targets[i] = s, t
+        insert_at = insert_at.copy()
+        for i in np.flatnonzero(~ok).tolist():
+            lineno = first_lineno + i
+            raw = data[starts[i] : ends[i] + 1]
+            pair = parse_line(decode_line(raw, path, lineno), path, lineno, nscores)
+            sources[i], targets[i] = phrase_key(pair.source), phrase_key(pair.target)
+            insert_at[i] = starts[i] + len(pair.line[: pair._scores_end].encode("utf-8"))
+        src, tgt = sources, targets
+    return Window(data, first_lineno, src, tgt, insert_at)
+
+
+def format_columns(values: np.ndarray) -> list[bytes]:
+    """`format_rows` for a whole window: each row as bytes with a leading space, ready for
+    `Window.with_columns`. One %-format over all values (the same text as format_rows' f-strings)."""
+    vals = np.exp(np.maximum(np.asarray(values, dtype=np.float64), LOG_FLOOR))
+    rows, cols = vals.shape
+    if rows == 0:
+        return []
+    text = ((" %.7g" * cols + "\n") * rows) % tuple(vals.ravel().tolist())
+    return text.encode("ascii").split(b"\n")[:-1]

@@ -11,71 +11,192 @@ symbol). It is fast by construction:
   a source group form a prefix tree, decoded level by level with every node
   of a level in a few large batches;
 - the softmax normaliser over the shortlist is computed in place on large
-  blocks of rows.
+  blocks of rows;
+- phrases stay UTF-8 bytes from the table to the shortlist lookup, and the
+  grouping, lookups and id matrices are built with C-level passes (dict,
+  map, numpy), not a Python loop per pair.
 
 No computation mixes rows, so a pair's score does not depend on what else is
-in its batch (up to float rounding, far below 1e-4).
+in its batch (up to float rounding, far below 1e-4); the same window of lines
+always gives the same bytes.
+
+Precision: float32 by default. `dtype="bf16"` (or "auto" where native)
+scores with a copy of the model whose affine maps hold bfloat16 weights, cast
+once (`bfloat16_copy`): their matrix products take bfloat16 inputs and
+accumulate in float32; the output layer, the softmax normaliser and every
+element-wise recurrence (GRU gates and states) stay float32.
 
 `score_table` streams a table through the scorer in windows of lines,
 scored in this process or by a pool of worker processes, and writes them in
-input order into a temporary file renamed at the end.
+input order into a temporary file renamed at the end. Under torchrun it
+scores one shard of the table per process and joins the parts (see
+`score_table` and docs/scoring.md).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import multiprocessing
 import os
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from .modelio import LoadedModel, load_model
-from .phrasetable import format_rows, parse_line
-from .textio import InputError, atomic_output, decode_line, iter_raw_windows
-from .runtime import configure_threads, resolve_device
+from .phrasetable import format_columns, parse_line, parse_window, phrase_key
+from .runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, resolve_device
+from .textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
 from .vocab import EOS
 
+# Logits computed at once (rows x shortlist) by the prefix-tree decoder: on a CPU a block that stays
+# in a core's L2 cache (1 MB) for the max / exp / sum passes of the in-place normaliser (the tiny
+# preset: 1,024 rows, 40% faster per node than 16,384); on a GPU one large enough to fill it. Never
+# fewer than 512 rows, so that large shortlists still get matrix products of useful size.
+LOGIT_BLOCK = {"cpu": 1 << 18, "cuda": 1 << 26}
 
-def _as_tensor(rows: list[list[int]], device: torch.device) -> torch.Tensor:
-    """Equal-length id lists -> int64 tensor (numpy's list conversion is the fast one)."""
-    return torch.from_numpy(np.array(rows, dtype=np.int64)).to(device)
+
+def default_node_chunk(device: torch.device, vocab_size: int) -> int:
+    """Decoder nodes (rows of the softmax) computed together on `device` for this shortlist size."""
+    return max(512, LOGIT_BLOCK.get(device.type, LOGIT_BLOCK["cpu"]) // max(vocab_size, 1))
+
+
+# -- bfloat16 ---------------------------------------------------------------------------------------------------
+class Bf16Linear(nn.Module):
+    """x W^T + b with W cast to bfloat16 once: bfloat16 inputs, float32 accumulation (oneDNN on CPU,
+    cuBLAS on GPU), result returned as float32 and the bias added in float32. `weight` stays readable
+    (RNNsearch slices it), in bfloat16."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().float(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(torch.bfloat16), self.weight).float()
+        return y if self.bias is None else y.add_(self.bias)
+
+
+class Float32Output(nn.Module):
+    """The output layer of a bfloat16 copy, kept in float32 (autocast off): the logits feed the
+    softmax normaliser, where bfloat16's 8-bit mantissa would move log p by several hundredths."""
+
+    def __init__(self, output: nn.Module):
+        super().__init__()
+        self.inner = output
+
+    def logits(self, s: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        with torch.autocast(s.device.type, enabled=False):
+            return self.inner.logits(s.float(), rows)
+
+    def log_probs(self, s: torch.Tensor, y: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+        with torch.autocast(s.device.type, enabled=False):
+            return self.inner.log_probs(s.float(), y, chunk)
+
+
+def bfloat16_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` for bfloat16 scoring: every nn.Linear outside the output layer becomes a
+    `Bf16Linear` (weights cast once, not on every call as autocast would), the output layer a
+    `Float32Output`. Run it under `runtime.autocast(device, torch.bfloat16)`, which covers the products
+    that architectures compute from raw weights (RNNsearch's F.linear on slices of U)."""
+    dup = copy.deepcopy(model)
+    for name, module in list(dup.named_modules()):
+        if name == "output" or name.startswith("output."):
+            continue  # the output layer stays float32
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, child_name, Bf16Linear(child))
+    dup.output = Float32Output(dup.output)
+    return dup.eval()
+
+
+def scoring_dtype(device: torch.device, dtype: str = "fp32") -> torch.dtype | None:
+    """The compute dtype of `--dtype` on `device`: torch.bfloat16, or None for float32.
+
+    'fp32' (the default: exact), 'bf16' (an error where the hardware has no native bfloat16: a CPU
+    without AVX-512 BF16 or AMX, a GPU before compute capability 8.0), 'auto' (bfloat16 where native).
+    """
+    amp = amp_dtype(device, dtype)  # raises for bf16 on a CPU without native bfloat16
+    if amp is not None and device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 8:
+            if dtype == "bf16":
+                raise RuntimeError("--dtype bf16 asked for, but this GPU has no native bfloat16 "
+                                   "(compute capability 8.0 or later)")
+            return None
+    return amp
+
+
+# -- the scorer -------------------------------------------------------------------------------------------------
+def _word_ids(phrases: list[bytes], index: dict[bytes, int], unk: int,
+              end: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Id matrix [phrases, longest (+1 with `end`)] right-padded with -1 (`end` appended to every row),
+    the number of words of each phrase, and how many of them map to `unk`.
+
+    `phrases` are keys as `phrasetable.Window` and `phrase_key` make them: words joined by single
+    spaces. Every pass is C-level: bytes.count and bytes.split, dict.get through map, numpy."""
+    if b"" in phrases:  # an empty phrase (only through the API): no words
+        lens = np.fromiter(map(len, map(bytes.split, phrases)), dtype=np.int64, count=len(phrases))
+        words = itertools.chain.from_iterable(map(bytes.split, phrases))
+    else:
+        lens = np.fromiter(map(bytes.count, phrases, itertools.repeat(b" ")), dtype=np.int64, count=len(phrases)) + 1
+        words = b" ".join(phrases).split(b" ")
+    total = int(lens.sum())
+    ids = np.fromiter(map(index.get, words, itertools.repeat(unk)), dtype=np.int64, count=total)
+    width = int(lens.max(initial=0)) + (end is not None)
+    matrix = np.full((len(phrases), max(width, 1)), -1, dtype=np.int64)
+    matrix[np.arange(matrix.shape[1])[None, :] < lens[:, None]] = ids  # row-major: phrase by phrase
+    if end is not None:
+        matrix[np.arange(len(phrases)), lens] = end
+    unknown = np.bincount(np.repeat(np.arange(len(phrases)), lens)[ids == unk], minlength=len(phrases))
+    return matrix, lens, unknown
 
 
 class PhraseScorer:
     def __init__(self, loaded: LoadedModel, token_budget: int = 16384, model_dir: str | None = None,
-                 node_chunk: int = 512):
+                 node_chunk: int | None = None, dtype: str = "fp32"):
         self.model_dir = model_dir  # lets worker processes load the same model
-        self.node_chunk = node_chunk  # decoder nodes (rows of the softmax) computed together
-        self.model = loaded.model.eval()
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
-        self.device = next(self.model.parameters()).device
+        model = loaded.model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = dtype  # 'fp32' | 'bf16' | 'auto', as given (worker processes resolve it again)
+        self.amp = scoring_dtype(self.device, dtype)  # None: float32
+        self.model = model if self.amp is None else bfloat16_copy(model)
         self.token_budget = token_budget
+        self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab))
         self.eos = self.tgt_vocab.index[EOS]
+        # the shortlists keyed by UTF-8 bytes: table phrases are looked up without decoding
+        self._src_ids = {w.encode("utf-8"): i for i, w in enumerate(self.src_vocab.words)}
+        self._tgt_ids = {w.encode("utf-8"): i for i, w in enumerate(self.tgt_vocab.words)}
         self.distinct_sources = 0  # running counts over all calls, for reports and benchmarks
         self.encoder_tokens = 0
         self.decoder_nodes = 0
-        self._tgt_cache: dict[str, list[int]] = {}  # frequent targets recur across windows
-
-    def _target_ids(self, target: str) -> list[int]:
-        """Target word ids followed by </s>, through a bounded cache."""
-        ids = self._tgt_cache.get(target)
-        if ids is None:
-            if len(self._tgt_cache) >= 100_000:
-                self._tgt_cache.clear()
-            ids = self._tgt_cache[target] = self.tgt_vocab.encode(target.split()) + [self.eos]
-        return ids
 
     @classmethod
     def from_dir(cls, model_dir: str, device: str = "auto", **kw) -> "PhraseScorer":
         return cls(load_model(model_dir, resolve_device(device)), model_dir=model_dir, **kw)
+
+    @property
+    def compute_dtype(self) -> str:
+        return "bf16" if self.amp is not None else "fp32"
+
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        """A host array on the scoring device: pinned and copied asynchronously on CUDA (the copy
+        queues behind the kernels already launched instead of waiting for them)."""
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t
 
     def _batches(self, lengths: np.ndarray):
         """(length, member indices) batches of sources: one exact length each, under the token budget."""
@@ -87,43 +208,61 @@ class PhraseScorer:
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """log p(target | source) of each (source, target) pair, float64 [len(pairs)]."""
-        return self._score(pairs)[0]
+        return self._score_keys(*self._keys(pairs))[0]
+
+    @staticmethod
+    def _keys(pairs: Sequence[tuple[str, str]]) -> tuple[list[bytes], list[bytes]]:
+        return [phrase_key(s) for s, _ in pairs], [phrase_key(t) for _, t in pairs]
+
+    def features(self, pairs: Sequence[tuple[str, str]], normalize: bool = False, unknown: bool = False) -> np.ndarray:
+        """Log-domain feature columns [len(pairs), 1 or 2]: log p (optionally per symbol), unknown count."""
+        return self.phrase_features(*self._keys(pairs), normalize=normalize, unknown=unknown)
+
+    def phrase_features(self, sources: list[bytes], targets: list[bytes], normalize: bool = False,
+                        unknown: bool = False) -> np.ndarray:
+        """`features` of pairs given as UTF-8 phrases (`phrasetable.Window`'s sources and targets)."""
+        lp, symbols, unk = self._score_keys(sources, targets)
+        cols = [lp / symbols if normalize else lp]
+        if unknown:
+            cols.append(unk)
+        return np.stack(cols, axis=1)
+
+    def unknown_counts(self, pairs: Iterable[tuple[str, str]]) -> np.ndarray:
+        """Words outside the shortlists, source and target together (the paper's word penalty)."""
+        cs, ct = self.src_vocab.count_unknown, self.tgt_vocab.count_unknown
+        return np.array([cs(s.split()) + ct(t.split()) for s, t in pairs], dtype=np.float64)
 
     @torch.inference_mode()
-    def _score(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(log p, target symbols incl. </s>, words outside the shortlists) of each pair."""
-        if not pairs:
+    def _score_keys(self, sources: list[bytes], targets: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(log p, target symbols incl. </s>, words mapped to [UNK]) of each (source, target) pair."""
+        n = len(sources)
+        if n == 0:
             return np.zeros(0), np.zeros(0), np.zeros(0)
-        dev, model = self.device, self.model
-        # distinct phrases of each side, in first-seen order; pairs point at them
-        src_index: dict[str, int] = {}
-        tgt_index: dict[str, int] = {}
-        pair_src = np.fromiter((src_index.setdefault(s, len(src_index)) for s, _ in pairs), np.int64, len(pairs))
-        pair_tgt = np.fromiter((tgt_index.setdefault(t, len(tgt_index)) for _, t in pairs), np.int64, len(pairs))
+        # distinct phrases of each side, in first-seen order; pairs point at them (all C-level passes)
+        src_index = dict(zip(dict.fromkeys(sources), itertools.count()))
+        tgt_index = dict(zip(dict.fromkeys(targets), itertools.count()))
+        pair_src = np.fromiter(map(src_index.__getitem__, sources), dtype=np.int64, count=n)
+        pair_tgt = np.fromiter(map(tgt_index.__getitem__, targets), dtype=np.int64, count=n)
+        S, src_len, src_unk = _word_ids(list(src_index), self._src_ids, self.src_vocab.unk_id)
+        T, tgt_len, tgt_unk = _word_ids(list(tgt_index), self._tgt_ids, self.tgt_vocab.unk_id, end=self.eos)
         self.distinct_sources += len(src_index)
-        src_ids = [self.src_vocab.encode(s.split()) for s in src_index]
-        tgt_ids = [self._target_ids(t) for t in tgt_index]
-
-        # encode each distinct source once; `ctx` rows follow `order`
-        src_len = np.fromiter(map(len, src_ids), np.int64, len(src_ids))
         self.encoder_tokens += int(src_len.sum())
-        contexts, order = [], []
-        for length, members in self._batches(src_len):
-            src = _as_tensor([src_ids[i] for i in members.tolist()], dev)
-            contexts.append(model.context(src, torch.ones_like(src, dtype=torch.bool)))
-            order.append(members)
-        row_of = np.empty(len(src_ids), dtype=np.int64)
-        row_of[np.concatenate(order)] = np.arange(len(src_ids))
-        ctx = type(contexts[0]).cat(contexts)
+        with autocast(self.device, self.amp):
+            ctx, row_of = self._encode(S, src_len)
+            lp = self._decode_prefix_tree(ctx, row_of[pair_src], T[pair_tgt])
+        symbols = (tgt_len + 1)[pair_tgt].astype(np.float64)
+        return lp, symbols, (src_unk[pair_src] + tgt_unk[pair_tgt]).astype(np.float64)
 
-        # decode every pair's target through the prefix tree of its source group
-        lens = np.fromiter(map(len, tgt_ids), np.int64, len(tgt_ids))[pair_tgt]
-        Y = np.full((len(pairs), int(lens.max())), -1, dtype=np.int64)
-        Y[np.arange(Y.shape[1])[None, :] < lens[:, None]] = np.concatenate([tgt_ids[i] for i in pair_tgt.tolist()])
-        unk_s, unk_t = self.src_vocab.unk_id, self.tgt_vocab.unk_id
-        unknown = (np.fromiter((ids.count(unk_s) for ids in src_ids), np.int64, len(src_ids))[pair_src]
-                   + np.fromiter((ids.count(unk_t) for ids in tgt_ids), np.int64, len(tgt_ids))[pair_tgt])
-        return self._decode_prefix_tree(ctx, row_of[pair_src], Y), lens.astype(np.float64), unknown.astype(np.float64)
+    def _encode(self, S: np.ndarray, lengths: np.ndarray):
+        """The decoder context of each distinct source (rows of S), and the context row of each."""
+        contexts, order = [], []
+        for length, members in self._batches(lengths):
+            src = self._upload(S[members, :length])  # one exact length: no padding
+            contexts.append(self.model.context(src, torch.ones_like(src, dtype=torch.bool)))
+            order.append(members)
+        row_of = np.empty(len(S), dtype=np.int64)
+        row_of[np.concatenate(order)] = np.arange(len(S))
+        return type(contexts[0]).cat(contexts), row_of
 
     def _decode_prefix_tree(self, ctx, pair_row: np.ndarray, Y: np.ndarray) -> np.ndarray:
         """Sum of log p(y_t | y_<t, source) for each pair (row of Y, -1 padded, ending in </s>).
@@ -135,68 +274,65 @@ class PhraseScorer:
         "le ..."); on the shared en-fr table this removes about a quarter of
         the decoder's work. Nodes never mix: a pair's score is the same
         whichever pairs share the call.
+
+        The tree's bookkeeping (which pairs go on, their children) is numpy on
+        the host; each level's indices go to the device in one transfer and the
+        log-probabilities are summed there, so a GPU is never waited for until
+        the end.
         """
-        model, dev, V = self.model, self.device, len(self.tgt_vocab)
+        model, V, chunk = self.model, len(self.tgt_vocab), self.node_chunk
         embed = model.target_embeddings()
-        out = np.zeros(len(Y), dtype=np.float64)
+        out = torch.zeros(len(Y), dtype=torch.float64, device=self.device)
         # level 0: one node per distinct source; pairs point at their node
         node_row, node_of_pair = np.unique(pair_row, return_inverse=True)
         node_tok = np.full(len(node_row), -1, dtype=np.int64)  # e(y_0) = 0
-        prev_state = model.start_state(ctx.select(torch.from_numpy(node_row).to(dev)))
+        state = model.start_state(ctx.select(self._upload(node_row)))
         active = np.arange(len(Y))
         for t in range(Y.shape[1]):
-            self.decoder_nodes += len(node_row)
-            y = Y[active, t]
-            by_node = np.argsort(node_of_pair[active], kind="stable")
-            starts = list(range(0, len(node_row), self.node_chunk))
-            bounds = np.searchsorted(node_of_pair[active][by_node], starts + [len(node_row)])
+            nodes = len(node_row)
+            self.decoder_nodes += nodes
+            by_node = active[np.argsort(node_of_pair[active], kind="stable")]  # the pairs, grouped by node
+            pair_node = node_of_pair[by_node]
+            firsts = list(range(0, nodes, chunk))
+            bounds = np.searchsorted(pair_node, firsts + [nodes]).tolist()
+            rows_d, tok_d = self._upload(node_row), self._upload(node_tok)
+            pair_d, node_d, word_d = self._upload(by_node), self._upload(pair_node), self._upload(Y[by_node, t])
             states = []
-            for k, a in enumerate(starts):
-                b = min(a + self.node_chunk, len(node_row))
-                rows = torch.from_numpy(node_row[a:b]).to(dev)
-                tok = torch.from_numpy(node_tok[a:b]).to(dev)
+            for k, a in enumerate(firsts):
+                b, p, q = min(a + chunk, nodes), bounds[k], bounds[k + 1]
+                tok = tok_d[a:b]
                 e_prev = embed(tok.clamp(min=0)) * (tok >= 0)[:, None]
-                logits, state = model.step(ctx.select(rows), prev_state[a:b], e_prev)
-                states.append(state)
-                members = active[by_node[bounds[k] : bounds[k + 1]]]
-                local = torch.from_numpy(node_of_pair[members] - a).to(dev)
-                picked = logits[local, torch.from_numpy(Y[members, t]).to(dev)]
-                m = logits.amax(dim=1, keepdim=True)  # log Z in place: max, exp, sum on the logits buffer
+                logits, s = model.step(ctx.select(rows_d[a:b]), state[a:b], e_prev)
+                states.append(s)
+                local = node_d[p:q] - a
+                picked = logits[local, word_d[p:q]]
+                # log Z = m + log sum exp(logits - m), m the row max, in place on the logits buffer
+                m = logits.amax(dim=1, keepdim=True)
                 log_z = logits.sub_(m).exp_().sum(dim=1).log_().add_(m.squeeze(1))
-                out[members] += (picked - log_z[local]).double().cpu().numpy()
+                out.index_add_(0, pair_d[p:q], (picked - log_z[local]).double())
             # children: (node, y_t) for the pairs that go on after y_t
+            y = Y[active, t]
             going_on = y != self.eos
             active = active[going_on]
             if len(active) == 0:
                 break
-            key = node_of_pair[active] * V + Y[active, t]
+            key = node_of_pair[active] * V + y[going_on]
             uniq, node_of_child = np.unique(key, return_inverse=True)
             parent = uniq // V
             node_of_pair[active] = node_of_child
             node_row, node_tok = node_row[parent], uniq % V
-            prev_state = torch.cat(states)[torch.from_numpy(parent).to(dev)]
-        return out
-
-    def unknown_counts(self, pairs: Iterable[tuple[str, str]]) -> np.ndarray:
-        """Words outside the shortlists, source and target together (the paper's word penalty)."""
-        cs, ct = self.src_vocab.count_unknown, self.tgt_vocab.count_unknown
-        return np.array([cs(s.split()) + ct(t.split()) for s, t in pairs], dtype=np.float64)
-
-    def features(self, pairs: Sequence[tuple[str, str]], normalize: bool = False, unknown: bool = False) -> np.ndarray:
-        """Log-domain feature columns [len(pairs), 1 or 2]: log p (optionally per symbol), unknown count."""
-        lp, symbols, unk = self._score(pairs)
-        cols = [lp / symbols if normalize else lp]
-        if unknown:
-            cols.append(unk)
-        return np.stack(cols, axis=1)
+            state = torch.cat(states)[self._upload(parent)]
+        return out.cpu().numpy()
 
 
+# -- tables -----------------------------------------------------------------------------------------------------
 @dataclass
 class ScoreStats:
     lines: int
     seconds: float
     distinct_sources: int
     workers: int = 1
+    processes: int = 1  # torchrun ranks
 
     @property
     def pairs_per_second(self) -> float:
@@ -213,75 +349,76 @@ class TableJob:
     unknown: bool = False
 
 
-def rescore_lines(scorer: PhraseScorer, job: TableJob, first_lineno: int, raw: list[bytes]) -> tuple[bytes, int, int]:
-    """Parse, validate and score a window of raw table lines.
+def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data: bytes) -> tuple[bytes, int, int]:
+    """Parse, validate and score a window of raw table lines (`data`, whole lines).
 
-    Returns the rewritten lines (columns appended to field 3, all else kept),
-    the number of lines and the number of distinct source phrases.
+    Returns the rewritten lines (columns appended to field 3, every other byte
+    kept), the number of lines and the number of distinct source phrases.
     """
-    pairs = [
-        parse_line(decode_line(r, job.path, first_lineno + i), job.path, first_lineno + i, job.nscores)
-        for i, r in enumerate(raw)
-    ]
+    window = parse_window(data, job.path, first_lineno, job.nscores)
     before = scorer.distinct_sources
-    rows = format_rows(scorer.features([(p.source, p.target) for p in pairs], job.normalize, job.unknown))
-    text = "".join(p.with_scores(r) for p, r in zip(pairs, rows))
-    return text.encode("utf-8"), len(pairs), scorer.distinct_sources - before
+    values = scorer.phrase_features(window.sources, window.targets, job.normalize, job.unknown)
+    return window.with_columns(format_columns(values)), len(window), scorer.distinct_sources - before
 
 
 # -- worker processes ---------------------------------------------------------
 _WORKER: tuple[PhraseScorer, TableJob] | None = None
 
 
-def _init_worker(model_dir: str, token_budget: int, node_chunk: int, job: TableJob) -> None:
+def _init_worker(model_dir: str, token_budget: int, node_chunk: int, dtype: str, job: TableJob) -> None:
     global _WORKER
     torch.set_num_threads(1)
-    _WORKER = (PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget, node_chunk=node_chunk), job)
+    _WORKER = (PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget, node_chunk=node_chunk,
+                                     dtype=dtype), job)
 
 
-def _run_worker(first_lineno: int, raw: list[bytes]) -> tuple[bytes, int, int]:
+def _run_worker(first_lineno: int, data: bytes) -> tuple[bytes, int, int]:
     scorer, job = _WORKER
-    return rescore_lines(scorer, job, first_lineno, raw)
-
-
-def _in_order(pool: ProcessPoolExecutor, windows, depth: int):
-    """Submit windows to the pool, at most `depth` in flight; yield results in input order."""
-    pending: deque = deque()
-    for first, raw in windows:
-        pending.append(pool.submit(_run_worker, first, raw))
-        if len(pending) >= depth:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+    return rescore_window(scorer, job, first_lineno, data)
 
 
 @dataclass
 class ScoringSetup:
-    """A scorer with the device, torch threads and worker processes `score_table` should use."""
+    """A scorer with the device, torch threads, worker processes and torchrun place `score_table` should use.
+
+    A context manager: leaving it ends the torchrun process group, if one was started."""
 
     scorer: PhraseScorer
     device: torch.device
     threads: int
     workers: int
+    dist: Distributed = field(default_factory=Distributed)
+
+    def __enter__(self) -> "ScoringSetup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.dist.stop()
 
 
 def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int | None = None,
-                  workers: int | None = None, token_budget: int = 16384) -> ScoringSetup:
+                  workers: int | None = None, token_budget: int = 16384, dtype: str = "fp32",
+                  dist: Distributed | None = None) -> ScoringSetup:
     """Load the model of `model_dir` for scoring `table`, choosing what is not given.
 
-    The device ('auto': CUDA when available), torch's CPU threads
-    (`configure_threads`: by model size) and the worker processes
-    (`default_workers`: by model size, device and table size). `moses-rnn score`
-    and the benchmarks call this, so they measure what the command runs.
+    The device ('auto': CUDA when available; under torchrun, cuda:LOCAL_RANK),
+    torch's CPU threads (`configure_threads`: by model size; under torchrun the
+    processes of a machine share its cores), the worker processes
+    (`default_workers`) and the compute dtype (`scoring_dtype`). `moses-rnn
+    score` and the benchmarks call this, so they measure what the command runs.
     """
-    dev = resolve_device(device)
-    scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget)
+    dist = dist or Distributed()
+    dev = dist.start(resolve_device(device))
+    scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget, dtype=dtype)
+    local = dist.local_world
+    if threads is None and local > 1 and dev.type == "cpu" and scorer.model.config.hidden >= 256:
+        threads = max(1, cpu_count() // local)
     used = configure_threads(dev, threads, scorer.model.config)
     if workers is None:
-        workers = default_workers(dev, scorer.model.config, table)
+        workers = max(1, default_workers(dev, scorer.model.config, table) // local)
     if workers < 1:
         raise ValueError(f"the number of worker processes must be at least 1, got {workers}")
-    return ScoringSetup(scorer, dev, used, workers)
+    return ScoringSetup(scorer, dev, used, workers, dist)
 
 
 def default_workers(device: torch.device, config, table: str) -> int:
@@ -293,11 +430,95 @@ def default_workers(device: torch.device, config, table: str) -> int:
     table is large enough (> 8 MB on disk) to repay their start-up (~2 s).
     Larger models and GPUs use one process (torch's own threads or the GPU).
     """
-    if device.type != "cpu" or config.hidden >= 256 or (os.cpu_count() or 1) < 2:
+    if device.type != "cpu" or config.hidden >= 256 or cpu_count() < 2:
         return 1
     if table != "-" and os.path.getsize(table) < 8 << 20:
         return 1
-    return os.cpu_count() or 1
+    return cpu_count()
+
+
+def first_line_scores(table: str, head: tuple[int, bytes] | None) -> int:
+    """The number of scores on line 1 (every line must have as many), from the table's first block
+    `head`; None (an empty table) is an error."""
+    if head is None:  # an empty table is an upstream failure, not a table to rewrite
+        raise InputError(table, None, "the phrase table is empty (no lines)")
+    data = head[1]
+    first = data[: data.find(b"\n") + 1 or len(data)]
+    return len(parse_line(decode_line(first, table, 1), table, 1).scores)
+
+
+class _Failed:
+    """An exception met scoring a window in this process, raised when that window's turn comes."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class WindowPool:
+    """Scores a stream of windows with `workers` processes, this one included, yielding
+    (first line, result) in input order.
+
+    With more than one, `workers - 1` pool processes take windows while they have fewer than two
+    each in hand, and this process scores the others itself, between reading and writing: so every
+    core works from the first window on (the pool's processes need a second or two to import torch
+    and load the model), and no process idles while another has a queue.
+    """
+
+    def __init__(self, scorer: PhraseScorer, job: TableJob, workers: int):
+        if workers > 1 and scorer.model_dir is None:
+            raise ValueError("worker processes need a scorer loaded with PhraseScorer.from_dir")
+        self.scorer, self.job, self.workers, self.pool = scorer, job, workers, None
+
+    def __enter__(self) -> "WindowPool":
+        if self.workers > 1:
+            s = self.scorer
+            self.pool = ProcessPoolExecutor(self.workers - 1, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_init_worker,
+                                            initargs=(s.model_dir, s.token_budget, s.node_chunk, s.dtype, self.job))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        if exc_type is BrokenProcessPool:  # an OSError, so the command line reports it in one line
+            raise ChildProcessError(f"{self.job.path}: a scoring worker process died (killed, or out of "
+                                    f"memory?); try fewer --workers") from None
+
+    def _here(self, first: int, data: bytes):
+        try:
+            return rescore_window(self.scorer, self.job, first, data)
+        except Exception as e:  # raised in its turn: an earlier window may hold an earlier error
+            return _Failed(e)
+
+    def results(self, blocks) -> Iterator[tuple[int, tuple[bytes, int, int]]]:
+        if self.pool is None:
+            return ((first, rescore_window(self.scorer, self.job, first, data)) for first, data in blocks)
+        return self._shared(blocks)
+
+    def _shared(self, blocks):
+        room = 2 * (self.workers - 1)  # windows the pool may hold
+        most = room + 2 * self.workers + 2  # windows held here at most, waiting for the head of the queue
+        pending: deque = deque()  # (first line, Future | result | _Failed), in input order
+
+        def take():
+            first, x = pending.popleft()
+            x = x.result() if isinstance(x, Future) else x
+            if isinstance(x, _Failed):
+                raise x.exc
+            return first, x
+
+        for first, data in blocks:
+            busy = sum(isinstance(x, Future) and not x.done() for _, x in pending)
+            if busy < room:
+                pending.append((first, self.pool.submit(_run_worker, first, data)))
+            else:
+                pending.append((first, self._here(first, data)))
+            while pending and not (isinstance(pending[0][1], Future) and not pending[0][1].done()):
+                yield take()
+            if len(pending) >= most:
+                yield take()
+        while pending:
+            yield take()
 
 
 def score_table(
@@ -318,56 +539,32 @@ def score_table(
     loading the model from `scorer.model_dir`. Results are written in input
     order; memory is bounded by a few windows per worker, whatever the size
     of the table. Gzip decompression and compression run in their own threads.
+    One process; `moses_rnn.shard.score_table` spreads it over a torchrun job.
     """
     start = time.perf_counter()
-    windows = iter_raw_windows(table, window)
-    head = next(windows, None)
-    if head is None:  # an empty table is an upstream failure, not a table to rewrite
-        raise InputError(table, None, "the phrase table is empty (no lines)")
-    nscores = len(parse_line(decode_line(head[1][0], table, 1), table, 1).scores)
-    windows = itertools.chain([head], windows)
-    job = TableJob(table, nscores, normalize, unknown)
-    if workers > 1 and scorer.model_dir is None:
-        raise ValueError("worker processes need a scorer loaded with PhraseScorer.from_dir")
-
+    blocks = iter_line_blocks(table, window)
+    head = next(blocks, None)
+    job = TableJob(table, first_line_scores(table, head), normalize, unknown)
+    blocks = itertools.chain([head], blocks)
     read = written = sources = 0
 
-    def counted(it):
+    def counted(blocks):
         nonlocal read
-        for first, raw in it:
-            read += len(raw)
-            yield first, raw
+        for first, data in blocks:
+            read += count_lines(data)
+            yield first, data
 
-    bar = tqdm(unit=" pairs", unit_scale=True, disable=not progress, dynamic_ncols=True, desc="scoring")
-    pool = None
-    try:
-        with atomic_output(output) as stream:
-            if workers > 1:
-                pool = ProcessPoolExecutor(
-                    workers,
-                    mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker,
-                    initargs=(scorer.model_dir, scorer.token_budget, scorer.node_chunk, job),
-                )
-                results = _in_order(pool, counted(windows), depth=2 * workers)
-            else:
-                results = (rescore_lines(scorer, job, f, raw) for f, raw in counted(windows))
-            for text, n, distinct in results:
+    with tqdm(unit=" pairs", unit_scale=True, disable=not progress, dynamic_ncols=True, desc="scoring") as bar:
+        with atomic_output(output) as stream, WindowPool(scorer, job, workers) as pool:
+            for _, (text, n, distinct) in pool.results(counted(blocks)):
                 stream.write(text)
                 written += n
                 sources += distinct
                 bar.update(n)
             if written != read:
                 raise RuntimeError(f"{output}: wrote {written} lines for {read} input lines")
-    except BrokenProcessPool:  # an OSError, so the command line reports it in one line
-        raise ChildProcessError(f"{table}: a scoring worker process died (killed, or out of memory?); "
-                                f"try fewer --workers") from None
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
     return ScoreStats(written, time.perf_counter() - start, sources, workers)
 
 
-__all__ = ["PhraseScorer", "ScoreStats", "ScoringSetup", "TableJob", "score_table", "rescore_lines", "default_workers",
-           "setup_scoring"]
+__all__ = ["PhraseScorer", "ScoreStats", "ScoringSetup", "TableJob", "WindowPool", "first_line_scores", "score_table", "rescore_window",
+           "default_workers", "setup_scoring", "bfloat16_copy", "scoring_dtype", "default_node_chunk"]

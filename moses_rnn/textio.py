@@ -11,7 +11,8 @@ for the measurement that chose it).
 
 A gzip input that is cut short (a half-copied file) or corrupt (bad deflate
 data, CRC mismatch) raises `InputError` naming the file and the last line
-read, from every reader here (`iter_lines`, `iter_raw_windows`), never the
+read, from every reader here (`iter_lines`, `iter_raw_windows`,
+`iter_line_blocks`), never the
 decompressor's bare EOFError. The temporary file of `atomic_output` carries
 the writer's host and process id; a killed run's leftover (kill -9 gives no
 chance to clean up) is removed by the next run writing the same output once
@@ -32,6 +33,7 @@ import tempfile
 import zlib
 from typing import BinaryIO, Iterator
 
+import numpy as np
 from isal import igzip_threaded, isal_zlib
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -107,6 +109,89 @@ def iter_raw_windows(path: str, size: int) -> Iterator[tuple[int, list[bytes]]]:
         raise gzip_error(path, first - 1, e) from None
 
 
+BLOCK_BYTES = 1 << 20  # bytes read at a time by `iter_line_blocks`
+
+
+def iter_line_blocks(path: str, lines: int, start: int = 0, first_line: int = 1,
+                     max_lines: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """Yield (number of the first line, bytes of `lines` consecutive lines, endings kept); the last
+    block may be shorter, and its last line may lack a newline.
+
+    The stream is read in blocks of `BLOCK_BYTES` and cut at newlines found with numpy, so no
+    per-line object is made. `start` (plain files only) is the byte offset of a line start to begin
+    at, `first_line` the number of that line; `max_lines` stops after that many lines.
+    """
+    if lines < 1:
+        raise ValueError(f"lines per block must be at least 1, got {lines}")
+    first, done, have = first_line, 0, 0  # `have`: complete lines held in `pieces`
+    pieces: list[bytes] = []
+    want = lines if max_lines is None else min(lines, max_lines)
+    try:
+        with contextlib.closing(open_input(path)) as f:
+            if start:
+                if path == "-" or is_gzip(path):
+                    raise ValueError(f"{path}: cannot start reading a compressed stream at byte {start}")
+                f.seek(start)
+            while want > 0:
+                chunk = f.read(BLOCK_BYTES)
+                if not chunk:
+                    break
+                newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 10)
+                used, cut = 0, 0  # newlines of this chunk consumed; bytes of it consumed
+                while want > 0 and len(newlines) - used >= want - have:
+                    used += want - have
+                    end = int(newlines[used - 1]) + 1
+                    pieces.append(chunk[cut:end])
+                    cut = end
+                    block, pieces, have = b"".join(pieces), [], 0
+                    yield first, block
+                    first, done = first + want, done + want
+                    want = lines if max_lines is None else min(lines, max_lines - done)
+                if want > 0:
+                    pieces.append(chunk[cut:])
+                    have += len(newlines) - used
+            tail = b"".join(pieces)
+            if want > 0 and tail:
+                yield first, tail
+    except GZIP_ERRORS as e:  # the lines of the block being read are lost with the stream
+        raise gzip_error(path, first - 1 + have, e) from None
+
+
+def count_lines(block: bytes) -> int:
+    """Lines in a block of text: its newlines, plus a last line without one."""
+    return block.count(b"\n") + (bool(block) and not block.endswith(b"\n"))
+
+
+def count_newlines(path: str, lo: int, hi: int) -> int:
+    """Newlines in bytes [lo, hi) of a plain (not compressed) file."""
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(lo)
+        left = hi - lo
+        while left > 0 and (chunk := f.read(min(BLOCK_BYTES, left))):
+            n += chunk.count(b"\n")
+            left -= len(chunk)
+    return n
+
+
+def after_newlines(path: str, offset: int, k: int) -> int:
+    """Byte offset just after the k-th newline (k >= 1) at or after `offset` in a plain file; the
+    file's size if it has fewer."""
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        pos = offset
+        while chunk := f.read(BLOCK_BYTES):
+            found = chunk.count(b"\n")
+            if found >= k:
+                end = -1
+                for _ in range(k):
+                    end = chunk.index(b"\n", end + 1)
+                return pos + end + 1
+            k -= found
+            pos += len(chunk)
+    return pos
+
+
 class InputError(ValueError):
     """Bad input: carries the file and line number it was found at (None: about the file as a whole)."""
 
@@ -164,6 +249,51 @@ def remove_stale_temporaries(folder: str, name: str) -> list[str]:
     return removed
 
 
+def sibling_temporary(path: str, label: str) -> str:
+    """Create an empty temporary file beside `path`, named as `atomic_output`'s are
+    (`.NAME.HOST-PID.LABEL.XXXX.tmp`), so the one a killed run leaves behind is removed by
+    `remove_stale_temporaries` like theirs. Returns its path; the caller removes it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{_host_tag()}-{os.getpid()}.{label}.",
+                               suffix=".tmp", dir=folder)
+    os.close(fd)
+    return tmp
+
+
+class _FixedBlocks:
+    """A write-only stream that hands `raw` exactly `size` bytes at a time (the rest at close).
+
+    ISA-L's threaded writer compresses each block it is given on its own (with the previous one as
+    dictionary), so its output depends on how the text was cut into writes. Cutting it into blocks
+    of a fixed size makes the compressed file a function of its text alone: a table written in one
+    process and the same table joined from the parts of a sharded run are the same bytes.
+    """
+
+    def __init__(self, raw: BinaryIO, size: int = BLOCK_BYTES):
+        self.raw, self.size = raw, size
+        self.buffer = bytearray()
+
+    def write(self, data) -> int:
+        self.buffer += data
+        if len(self.buffer) >= self.size:
+            view = memoryview(self.buffer)
+            whole = len(self.buffer) - len(self.buffer) % self.size
+            for i in range(0, whole, self.size):
+                self.raw.write(view[i : i + self.size])
+            view.release()
+            del self.buffer[:whole]
+        return len(data)
+
+    def flush(self) -> None:
+        pass  # blocks are handed over whole; the remainder goes at close
+
+    def close(self) -> None:
+        if self.buffer:
+            self.raw.write(bytes(self.buffer))
+            self.buffer.clear()
+        self.raw.close()
+
+
 @contextlib.contextmanager
 def atomic_output(path: str, compress: bool | None = None, threads: int | None = None) -> Iterator[BinaryIO]:
     """Yield a binary stream whose contents replace `path` only on success.
@@ -189,7 +319,7 @@ def atomic_output(path: str, compress: bool | None = None, threads: int | None =
     os.close(fd)
     try:
         if compress:
-            stream = igzip_threaded.open(tmp, "wb", threads=threads or default_threads())
+            stream = _FixedBlocks(igzip_threaded.open(tmp, "wb", threads=threads or default_threads()))
         else:
             stream = open(tmp, "wb", buffering=1 << 20)
         try:

@@ -96,13 +96,13 @@ def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny
     code = (
         "import os, signal, sys\n"
         "from moses_rnn import score\n"
-        "orig = score.PhraseScorer.features\n"
+        "orig = score.PhraseScorer.phrase_features\n"
         "n = [0]\n"
         "def features(self, *a, **k):\n"
         "    n[0] += 1\n"
         "    if n[0] == 2: os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return orig(self, *a, **k)\n"
-        "score.PhraseScorer.features = features\n"
+        "score.PhraseScorer.phrase_features = features\n"
         "from moses_rnn.cli import main\n"
         f"sys.argv = ['moses-rnn', 'score', {str(real_table_slice)!r}, '-m', {str(tiny_model)!r}, '-o', {str(out)!r}, '--window', '500', '--quiet']\n"
         "main()\n"
@@ -221,3 +221,188 @@ def test_a_device_that_is_not_there_is_one_line(example_table, tiny_model, tmp_p
     r = CliRunner().invoke(main, ["score", str(example_table), "-m", str(tiny_model), "-o", str(tmp_path / "o.gz"),
                                   "--device", "cuda", "--quiet"])
     assert r.exit_code == 1 and r.output == "Error: --device cuda asked for, but torch sees no CUDA device\n"
+
+
+def test_worker_errors_come_in_table_order(tmp_path, real_table_slice, tiny_model):
+    """Windows are scored here and in the pool at once; the error reported is still the first in the table."""
+    lines = read_lines(real_table_slice)
+    for n in (1234, 2345):
+        lines[n - 1] = lines[n - 1].replace(" ||| ", " |||  ||| ", 1)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("".join(lines), encoding="utf-8")
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    from moses_rnn.textio import InputError
+
+    with pytest.raises(InputError, match=r"bad.txt:1234: empty target phrase"):
+        score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=200, workers=2, progress=False)
+
+
+# -- whole windows: the vectorised parser and formatter -------------------------------------------------------------
+WORDS = ["le", "chat", "noir", "&apos;", "é", "x|y", "|", "||", "a\u00a0b", "c\u2009d", "e\tf", "g\x1ch", "日本",
+         "k\u3000l", "m\u0085n"]
+SCORES = ["0.5", "1", "2.718", "1e-05", "0.0109534", ".5", "5.", "+1", "1E3", "1_0", "0", "-1", "x", "nan", "inf",
+          "1e400", "1e-400", "١", "0x10", "1.2.3", "1e", "--1", "1e+5"]
+
+
+def fuzzed_line(r: random.Random, nscores: int) -> str:
+    """A phrase-table line, now and then with what parse_line treats specially: wide or doubled spaces,
+    tabs, spaces around phrases, odd or bad scores, other score counts, odd separators, many fields."""
+    def phrase():
+        words = [r.choice(WORDS[:5] if r.random() < 0.8 else WORDS) for _ in range(r.choice([0] + [1, 2, 3, 5] * 30))]
+        text = (" " if r.random() < 0.95 else r.choice(["  ", "\t", " \u3000 "])).join(words)
+        return (" " if r.random() < 0.05 else "") + text + (" " if r.random() < 0.05 else "")
+
+    k = nscores if r.random() < 0.998 else r.choice([1, 2, 3, 5])
+    scores = [r.choice(SCORES[:10]) if r.random() < 0.995 else r.choice(SCORES) for _ in range(k)]
+    fields = [phrase(), phrase(), (" " if r.random() < 0.97 else "  ").join(scores)]
+    fields += [r.choice(["0-0 1-1", "1 1 1", "", "x ||| y", "|||"]) for _ in range(r.choice([0, 0, 1, 2, 3, 4]))]
+    text = (" ||| " if r.random() < 0.995 else r.choice([" |||", "||| ", "|||", " ||||", " |||  "])).join(fields)
+    if r.random() < 0.003:
+        text = text.replace(" ||| ", " ||| ||| ", 1)
+    return text + r.choice(["\n"] * 20 + ["\r\n", "\r\n", " \n", "\r"])
+
+
+def test_window_parser_matches_parse_line_line_by_line():
+    """parse_window (numpy over the bytes, parse_line for lines it is unsure of) gives exactly what
+    parse_line gives line by line: the same phrases and insert points, or the same first error."""
+    from moses_rnn.phrasetable import parse_window, parse_window_exactly
+    from moses_rnn.textio import InputError
+
+    def outcome(parse, data, nscores):
+        try:
+            w = parse(data, "t.txt", 7, nscores)
+            return "ok", w.sources, w.targets, w.insert_at.tolist()
+        except InputError as e:
+            return "error", str(e)
+
+    r = random.Random(1)
+    seen = {"ok": 0, "error": 0}
+    for _ in range(1500):
+        nscores = r.choice([1, 4])
+        lines = [fuzzed_line(r, nscores) for _ in range(r.choice([1, 2, 5, 40]))]
+        if r.random() < 0.2:
+            lines[-1] = lines[-1].rstrip("\n")
+        data = "".join(lines).encode("utf-8")
+        if r.random() < 0.02:
+            data = data[: len(data) // 2] + b"\xff" + data[len(data) // 2 :]
+        given = None if r.random() < 0.3 else nscores
+        fast, exact = outcome(parse_window, data, given), outcome(parse_window_exactly, data, given)
+        assert fast == exact, data
+        seen[fast[0]] += 1
+    assert min(seen.values()) > 300  # both outcomes well exercised
+
+
+def test_window_parser_takes_the_fast_path_on_a_real_table(example_table, monkeypatch):
+    """No line of a well-formed table falls back to parse_line (the fast path is not silently lost)."""
+    from moses_rnn import phrasetable
+
+    data = example_table.read_bytes()
+    want = phrasetable.parse_window_exactly(data, "t", 1, 4)
+    calls = []
+    monkeypatch.setattr(phrasetable, "parse_line", lambda *a, **k: calls.append(a) or pytest.fail("slow path"))
+    got = phrasetable.parse_window(data, "t", 1, 4)
+    assert not calls and got.sources == want.sources and got.targets == want.targets
+    assert got.insert_at.tolist() == want.insert_at.tolist()
+    raw = phrasetable.split_lines(data)
+    ends = (want.insert_at - np.cumsum([0] + [len(x) for x in raw])[:-1]).tolist()  # within each line
+    assert got.with_columns([b" 9"] * len(got)) == b"".join(x[:k] + b" 9" + x[k:] for x, k in zip(raw, ends))
+
+
+def test_bulk_formatting_is_format_rows():
+    from moses_rnn.phrasetable import format_columns, format_rows
+
+    rng = np.random.default_rng(0)
+    for cols in (1, 2, 3):
+        values = np.concatenate([rng.normal(0, 30, (500, cols)), [[-1e9] * cols, [0.0] * cols, [-100.0] * cols]])
+        assert format_columns(values) == [(" " + row).encode() for row in format_rows(values)]
+    assert format_columns(np.zeros((0, 2))) == []
+
+
+def test_gzip_output_is_a_function_of_the_text(tmp_path):
+    """The compressed bytes do not depend on how the text was cut into writes (what lets a sharded run
+    reproduce a single-process run's .gz exactly)."""
+    from moses_rnn.textio import atomic_output
+
+    text = b"".join(b"line %d ||| ligne %d ||| 0.5 1\n" % (i, i) for i in range(200_000))
+    outs = []
+    for cut in (1, 7919, 1 << 20, len(text)):
+        path = tmp_path / f"o{cut}.gz"
+        with atomic_output(str(path)) as f:
+            pieces = [text[i : i + 50_000] for i in range(0, len(text), 50_000)] if cut == 1 else \
+                [text[i : i + cut] for i in range(0, len(text), cut)]
+            for p in pieces:
+                f.write(p)
+        outs.append(path.read_bytes())
+    assert gzip.decompress(outs[0]) == text and len(set(outs)) == 1
+
+
+def test_node_chunk_follows_the_shortlist():
+    import torch
+
+    from moses_rnn.score import default_node_chunk
+
+    cpu = torch.device("cpu")
+    assert default_node_chunk(cpu, 256) == 1024 and default_node_chunk(cpu, 15000) == 512
+    assert default_node_chunk(torch.device("cuda"), 15000) == (1 << 26) // 15000
+
+
+# -- bfloat16 ---------------------------------------------------------------------------------------------------
+def untrained(arch: str):
+    import torch
+
+    from moses_rnn.modelbase import preset_config
+    from moses_rnn.modelio import LoadedModel, build_model
+    from moses_rnn.vocab import Vocabulary
+
+    vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(40)])
+    torch.manual_seed(0)
+    model = build_model(preset_config("tiny", len(vocab), len(vocab), arch=arch))
+    model.init_weights()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(30.0)  # away from uniform, so that rounding shows
+    return LoadedModel(model, vocab, vocab, model.config, {})
+
+
+def native_bf16() -> bool:
+    from moses_rnn.runtime import cpu_has_bf16
+
+    return cpu_has_bf16()
+
+
+@pytest.mark.skipif(not native_bf16(), reason="this CPU has no native bfloat16")
+@pytest.mark.parametrize("arch", ["encdec", "rnnsearch"])
+def test_bf16_scores_are_close_and_keep_the_softmax_in_float32(arch):
+    import torch
+
+    from moses_rnn.score import Bf16Linear, Float32Output
+
+    loaded = untrained(arch)
+    r = random.Random(0)
+    pairs = [(" ".join(f"w{r.randrange(45)}" for _ in range(r.randint(1, 4))),
+              " ".join(f"w{r.randrange(45)}" for _ in range(r.randint(1, 4)))) for _ in range(300)]
+    exact = PhraseScorer(loaded).score(pairs)
+    scorer = PhraseScorer(loaded, dtype="bf16")
+    assert scorer.compute_dtype == "bf16" and loaded.model.output.G_l.weight.dtype == torch.float32  # a copy
+    assert isinstance(scorer.model.output, Float32Output)
+    linears = [m for m in scorer.model.modules() if isinstance(m, (torch.nn.Linear, Bf16Linear))]
+    assert all(isinstance(m, Bf16Linear) for m in linears if m not in set(scorer.model.output.modules()))
+    got = scorer.score(pairs)
+    delta = np.abs(got - exact)
+    assert 0 < delta.max() and delta.mean() < 0.05 * np.abs(exact).mean()
+    assert np.array_equal(got, scorer.score(pairs))  # deterministic
+
+
+def test_bf16_where_it_is_not_native_is_a_clear_error(tmp_path, example_table, tiny_model, monkeypatch):
+    from moses_rnn import runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
+    r = CliRunner().invoke(main, ["score", str(example_table), "-m", str(tiny_model), "-o", str(tmp_path / "o.gz"),
+                                  "--device", "cpu", "--dtype", "bf16", "--quiet"])
+    assert r.exit_code == 1
+    assert r.output == "Error: --dtype bf16 asked for, but this CPU has no native bfloat16 (AVX-512 BF16 or AMX)\n"
+    assert list(tmp_path.iterdir()) == []
+    # 'auto' falls back to float32 there
+    r = CliRunner().invoke(main, ["score", str(example_table), "-m", str(tiny_model), "-o", str(tmp_path / "o.gz"),
+                                  "--device", "cpu", "--dtype", "auto", "--quiet"])
+    assert r.exit_code == 0 and "fp32" in r.output
