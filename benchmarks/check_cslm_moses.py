@@ -4,8 +4,8 @@
 
 Decodes the first --sentences of newstest2013 with the shared system plus the
 CSLM feature (two scores: ln P and the unknown-word count), a 10-best list per
-sentence, in process, through a server per hypothesis and through a server with
-the buffer. For every hypothesis of every list, Moses's `CSLM0=` log-probability
+sentence, in process, through a server per hypothesis (the first 10 sentences
+only: that mode takes seconds per sentence) and through a server with the buffer. For every hypothesis of every list, Moses's `CSLM0=` log-probability
 must equal `cslm score` (with --self-normalized for a self-normalised model) on
 the hypothesis' text within --tolerance, and the unknown-word count must be the
 number of its words outside the shortlist. Then the failure paths: the server
