@@ -31,7 +31,7 @@ import time
 import numpy as np
 import torch
 
-from common import require_shared, table_slice, untrained_model_dir, workdir
+from common import gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
 from moses_rnn.runtime import configure_threads, resolve_device
 from moses_rnn.score import PhraseScorer
@@ -39,25 +39,8 @@ from moses_rnn.score import PhraseScorer
 TIES = (0.0, 0.01, 0.05, 0.1)
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def gemm_rate(device: torch.device, m: int, k: int, n: int, dtype: torch.dtype, repeats: int = 5) -> float:
-    """Measured GFLOP/s of [m x k] @ [k x n] in `dtype` (median of `repeats`)."""
-    a = torch.randn(m, k, device=device).to(dtype)
-    b = torch.randn(k, n, device=device).to(dtype)
-    torch.mm(a, b)
-    rates = []
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        sync(device)
-        rates.append(4 * 2 * m * k * n / (time.perf_counter() - t) / 1e9)
-    return round(statistics.median(rates), 1)
+def gemm_gflops(device: torch.device, m: int, k: int, n: int, dtype: torch.dtype) -> float:
+    return round(gemm_rate(device, m, k, n, dtype) / 1e9, 1)
 
 
 def reordered_sources(pairs, lp32: np.ndarray, lp16: np.ndarray) -> dict[str, int]:
@@ -134,8 +117,8 @@ def main():
         "mean_abs_delta_logp": round(float(delta.mean()), 5),
         "sources_with_2_targets": sum(1 for _, g in itertools.groupby(s for s, _ in pairs) if len(list(g)) > 1),
         "reordered_sources_by_tie_tolerance": reordered_sources(pairs, scores["fp32"], scores["bf16"]),
-        "gemm_gflops_fp32_vs_bf16": {name: [gemm_rate(device, *shape, torch.float32),
-                                            gemm_rate(device, *shape, torch.bfloat16)]
+        "gemm_gflops_fp32_vs_bf16": {name: [gemm_gflops(device, *shape, torch.float32),
+                                            gemm_gflops(device, *shape, torch.bfloat16)]
                                      for name, shape in shapes.items()},
         "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
     }

@@ -24,31 +24,15 @@ import time
 
 import torch
 
-from common import require_shared, table_slice, untrained_model_dir, workdir
+from common import gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
 from moses_rnn.runtime import configure_threads, cpu_has_bf16, resolve_device
 from moses_rnn.score import PhraseScorer
 
 
-def matmul_rate(device: torch.device, n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
-    """Measured GEMM FLOP/s in `dtype` (median of `repeats`)."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    torch.mm(a, b)
-    rates = []
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, b)
-        sync(device)
-        rates.append(4 * 2 * n**3 / (time.perf_counter() - t))
-    return statistics.median(rates)
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def matmul_rate(device: torch.device, n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
+    """Measured FLOP/s of an n x n GEMM in `dtype`."""
+    return gemm_rate(device, n, n, n, dtype)
 
 
 def main():

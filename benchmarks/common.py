@@ -47,6 +47,29 @@ def untrained_model_dir(preset: str, vocab_table: str, folder: str) -> str:
     return model_dir
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU), so that timings cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def gemm_rate(device: torch.device, m: int, k: int, n: int, dtype: torch.dtype = torch.float32,
+              repeats: int = 5) -> float:
+    """Measured FLOP/s of [m x k] @ [k x n] in `dtype` on `device` (median of `repeats` rounds of 4 products)."""
+    a = torch.randn(m, k, device=device).to(dtype)
+    b = torch.randn(k, n, device=device).to(dtype)
+    torch.mm(a, b)
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(4):
+            torch.mm(a, b)
+        sync(device)
+        rates.append(4 * 2 * m * k * n / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
 def median_time(fn, repeats: int = 3) -> float:
     times = []
     for _ in range(repeats):
