@@ -3,7 +3,7 @@
     python mt.py prepare --src en --trg fr IN_PREFIX OUT_PREFIX [--lines N] [--max-len 80] [--max-ratio 9]
     python mt.py symmetrize FWD REV OUT          # grow-diag-final-and, Pharaoh "i-j" links
     python mt.py detok --lang fr IN OUT
-    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...]
+    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--test-ref REF]
 
 Every output is written atomically (a temporary file renamed on success), so
 make never sees a half-written file.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -130,19 +129,79 @@ def _bleu(path: Path) -> dict | None:
         return json.load(f)
 
 
+def _runs(work: Path, system: str) -> dict[str, Path]:
+    """The tunings of a system: run name -> folder (systems/SYSTEM/run-K; a folder with its own
+    bleu.json, the layout of a single tuning, counts as one run named '')."""
+    folder = work / "systems" / system
+    runs = {d.name: d for d in sorted(folder.glob("run-*"), key=lambda d: int(d.name[4:]) if d.name[4:].isdigit() else 0)
+            if d.is_dir()}
+    if not runs and (folder / "test.bleu.json").exists():
+        runs[""] = folder
+    return runs
+
+
+def _mean_sd(values: list[float]) -> str:
+    """`mean ± sd` (sample standard deviation) of one or more scores; one score alone."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.2f} ± {sd:.2f}"
+
+
+def paired_bootstrap(reference: list[str], baseline: list[str], system: list[str], samples: int = 1000):
+    """sacrebleu's paired bootstrap resampling (`sacrebleu --paired-bs`, Koehn 2004) of `system`
+    against `baseline`, lowercased BLEU: (p-value, the test's signature)."""
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if not len(reference) == len(baseline) == len(system):
+        raise ValueError(f"paired test needs as many lines in each output as in the reference "
+                         f"({len(reference)}, {len(baseline)}, {len(system)})")
+    signatures, results = PairedTest([("baseline", baseline), ("system", system)], {"BLEU": BLEU(lowercase=True)},
+                                     [reference], test_type="bs", n_samples=samples)()
+    return results["BLEU"][1].p_value, str(signatures["BLEU"])
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for _, line in iter_lines(str(path))]
+
+
 def report(args) -> None:
+    """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs), and the paired
+    bootstrap p-value of each run's test output against the baseline's run of the same number."""
     work = Path(args.work)
-    rows, signature = [], None
-    for system in args.systems.replace(",", " ").split():
-        dev, test = (_bleu(work / "systems" / system / f"{part}.bleu.json") for part in ("dev", "test"))
-        if dev is None and test is None:
+    systems = args.systems.replace(",", " ").split()
+    reference = _lines(Path(args.test_ref)) if args.test_ref else None
+    base_runs = _runs(work, systems[0]) if systems else {}
+    rows, signature, test_signature, counts = [], None, None, set()
+    for system in systems:
+        runs = _runs(work, system)
+        dev = [b for b in (_bleu(d / "dev.bleu.json") for d in runs.values()) if b]
+        test = [b for b in (_bleu(d / "test.bleu.json") for d in runs.values()) if b]
+        if not dev and not test:
             continue
-        signature = signature or (test or dev).get("signature")
-        cells = [f"{d['score']:.2f}" if d else "–" for d in (dev, test)]
-        rows.append(f"| {LABELS.get(system, system)} | {cells[0]} | {cells[1]} |")
-    lines = ["| Models | BLEU dev | BLEU test |", "|---|---:|---:|", *rows]
+        counts.add(len(test))
+        signature = signature or (test or dev)[0].get("signature")
+        cells = [_mean_sd([b["score"] for b in part]) if part else "–" for part in (dev, test)]
+        p_values = []
+        if reference is not None and system != systems[0]:
+            for name, folder in runs.items():
+                base, mine = base_runs.get(name), folder / "test.detok"
+                if base is not None and (base / "test.detok").exists() and mine.exists():
+                    p, test_signature = paired_bootstrap(reference, _lines(base / "test.detok"), _lines(mine),
+                                                         args.samples)
+                    p_values.append(f"{p:.3f}")
+        p_cell = " / ".join(p_values) if p_values else "–"
+        rows.append(f"| {LABELS.get(system, system)} | {len(test)} | {cells[0]} | {cells[1]} | {p_cell} |")
+    lines = ["| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |", "|---|---:|---:|---:|---|", *rows]
+    lines += ["", "BLEU: mean ± sample standard deviation over the MERT tunings (seeds 1, 2, ...; Clark et al. 2011). "
+              "p: paired bootstrap resampling of each tuning's test output against the baseline's tuning of the same "
+              "seed (`sacrebleu --paired-bs`, 1,000 samples); p < 0.05: the difference is significant."]
     if signature:
         lines += ["", f"sacrebleu signature: `{signature}`"]
+    if test_signature:
+        lines += ["", f"paired bootstrap signature: `{test_signature}`"]
     notes = work / "NOTES.md"
     if notes.exists():
         lines += ["", notes.read_text().strip()]
@@ -177,7 +236,9 @@ def main(argv=None) -> None:
     a = sub.add_parser("report")
     a.add_argument("work")
     a.add_argument("output")
-    a.add_argument("--systems", default=",".join(SYSTEMS))
+    a.add_argument("--systems", default=",".join(SYSTEMS), help="the first is the baseline of the paired tests")
+    a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
+    a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
     a.set_defaults(fn=report)
     args = p.parse_args(argv)
     try:

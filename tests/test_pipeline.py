@@ -38,9 +38,11 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
                  "moses-rnn train", "moses-rnn score", "cslm train", "ini add-columns", "ini add-feature",
                  "mt.py detok", "sacrebleu", "mt.py report", "--self-norm 0.1"]:
         assert step in plan, step
-    for system in mt.SYSTEMS:
-        assert f"systems/{system}/mert" in plan and f"systems/{system}/test.out" in plan
-    assert plan.count("mert-moses.pl") == 4
+    for system in mt.SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
+        for k in (1, 2, 3):
+            assert f"systems/{system}/run-{k}/mert" in plan and f"systems/{system}/run-{k}/test.out" in plan
+    assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3"') == 4
+    assert "--test-ref" in plan
     # the default: the CSLM evaluated inside Moses, no server
     assert "with-cslm.sh" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
     assert not (tmp_path / "w").exists()  # a dry run writes nothing
@@ -143,10 +145,43 @@ def test_detok_and_report(tmp_path):
             (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn"])
     table = (tmp_path / "report.md").read_text().splitlines()
-    assert table[0] == "| Models | BLEU dev | BLEU test |"
-    assert "| Baseline | 20.10 | 21.50 |" in table and "| RNN | 20.90 | 22.00 |" in table
+    assert table[0] == "| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |"
+    assert "| Baseline | 1 | 20.10 | 21.50 | – |" in table and "| RNN | 1 | 20.90 | 22.00 | – |" in table
     assert not any("CSLM" in line for line in table)
     assert any(sig in line for line in table)
+
+
+def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
+    """Three tunings per system: mean ± sample sd, and a paired bootstrap p-value per tuning that is
+    small where the system's output is much closer to the reference than the baseline's, not small
+    where its errors are as many as the baseline's (other ones)."""
+    pytest.importorskip("sacrebleu")
+    rng = __import__("random").Random(0)
+    words = [f"w{i}" for i in range(50)]
+    ref = [" ".join(rng.choices(words, k=12)) for _ in range(150)]
+    worse = [" ".join(w if rng.random() < 0.5 else "x" for w in r.split()) for r in ref]
+    better = [" ".join(w if rng.random() < 0.9 else "x" for w in r.split()) for r in ref]
+    as_bad = [" ".join(w if rng.random() < 0.5 else "x" for w in r.split()) for r in ref]  # other errors, same rate
+    (tmp_path / "test.ref").write_text("\n".join(ref) + "\n")
+    sig = "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    scores = {"baseline": [20.0, 21.0, 22.0], "rnn": [23.0, 23.0, 23.0], "cslm-rnn": [20.0, 21.0, 22.0]}
+    outputs = {"baseline": worse, "rnn": better, "cslm-rnn": as_bad}
+    for system, values in scores.items():
+        for k, score in enumerate(values, 1):
+            d = tmp_path / "systems" / system / f"run-{k}"
+            d.mkdir(parents=True)
+            for part in ("dev", "test"):
+                (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
+            (d / "test.detok").write_text("\n".join(outputs[system]) + "\n")
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn",
+             "--test-ref", str(tmp_path / "test.ref"), "--samples", "200"])
+    rows = {line.split(" | ")[0]: line.split(" | ") for line in (tmp_path / "report.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| Models")}
+    assert rows["| Baseline"][1:4] == ["3", "21.00 ± 1.00", "21.00 ± 1.00"] and rows["| Baseline"][4] == "– |"
+    assert rows["| RNN"][3] == "23.00 ± 0.00"
+    assert all(float(p) < 0.05 for p in rows["| RNN"][4].rstrip(" |").split(" / "))
+    assert all(float(p) > 0.05 for p in rows["| CSLM + RNN"][4].rstrip(" |").split(" / "))
+    assert "paired bootstrap signature: `nrefs:1|bs:200|" in (tmp_path / "report.md").read_text()
 
 
 # ---- the Moses feature function's Moses-independent parts (cslm/moses/) ----------------
