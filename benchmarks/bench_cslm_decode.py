@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED, require_shared  # noqa: E402
+from common import SHARED, emit, require_shared  # noqa: E402
 
 SYSTEM = SHARED / "en-fr-moses"
 PIPELINE_FLAGS = ["-search-algorithm", "1", "-cube-pruning-pop-limit", "1000"]
@@ -224,9 +224,7 @@ def main() -> None:
     if ratios:
         report["best_ratio_to_baseline"] = min(ratios)
         report["target"] = "<= 3x the baseline's time"
-    print(json.dumps(report, indent=2))
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from cslm.apply import perplexity
+from common import emit
 from cslm.engine import Engine, KenLMBackoff
 from moses_rnn.textio import iter_lines
 
@@ -57,11 +58,7 @@ def main() -> None:
     finally:
         if a.limit:
             os.unlink(text)
-    out = json.dumps(res, indent=2)
-    print(out)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(out + "\n")
+    emit(res, a.json)
 
 
 if __name__ == "__main__":

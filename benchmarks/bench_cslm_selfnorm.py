@@ -26,7 +26,6 @@ histograms into a PNG. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections import Counter
@@ -35,16 +34,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import SHARED, emit
 from cslm.data import build_vocab, sentence_ngrams
 from cslm.engine import Engine
 from cslm.model import CSLM, parameter_count, preset_config
 from moses_rnn.textio import iter_lines
 from moses_rnn.vocab import BOS, EOS
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared/data/en-fr-moses"  # as benchmarks/common.py finds the shared data (optional here)
-TEST_TEXT = SHARED / "test.tok.fr"
-TRAIN_TEXT = SHARED / "train.tok.fr"
+TEST_TEXT = SHARED / "en-fr-moses" / "test.tok.fr"  # optional here: synthetic n-grams without it
+TRAIN_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"
 
 
 def random_model(preset: str, counts: Counter | None, seed: int = 0):
@@ -242,11 +240,7 @@ def main() -> None:
             plot_log_z(hists, text.name, a.plot)
             report["plot"] = a.plot
 
-    out = json.dumps(report, indent=2)
-    print(out)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            f.write(out + "\n")
+    emit(report, a.json)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 import numpy as np
 
 from cslm.client import AsyncClient, Client
+from common import emit
 from cslm.engine import Engine
 from moses_rnn.textio import iter_lines
 
@@ -141,11 +141,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
+    emit(report, a.json)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,12 @@ Target: rewrite within 1.5x of gzip -dc | gzip -c.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import time
 
-from common import require_shared, table_slice, untrained_model_dir, workdir
+from common import emit, require_shared, table_slice, untrained_model_dir, workdir
 from moses_rnn.score import score_table, setup_scoring
 from moses_rnn.textio import atomic_output, open_input
 
@@ -61,7 +60,7 @@ def main():
             fn()
             times[name].append(time.perf_counter() - t)
     t = {k: statistics.median(v) for k, v in times.items()}
-    report = json.dumps({
+    emit({
         "lines": args.lines,
         "torch_threads": setup.threads,
         "workers": setup.workers,
@@ -73,11 +72,7 @@ def main():
         "rewrite_over_system_gzip": round(t["rewrite"] / t["gzip"], 2),
         "rewrite_over_isal_passthrough": round(t["rewrite"] / t["isal"], 2),
         "runs_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
-    }, indent=2)
-    print(report)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(report + "\n")
+    }, args.json)
 
 
 if __name__ == "__main__":

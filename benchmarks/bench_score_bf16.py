@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import time
 
 import numpy as np
 import torch
 
-from common import gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
+from common import emit, gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
 from moses_rnn.runtime import configure_threads, resolve_device
 from moses_rnn.score import PhraseScorer
@@ -122,11 +121,7 @@ def main():
                                      for name, shape in shapes.items()},
         "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
     }
-    out = json.dumps(report, indent=2)
-    print(out)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(out + "\n")
+    emit(report, args.json)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,12 @@ the float32 model on that pair alone.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
 
-from common import gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
+from common import emit, gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
 from moses_rnn.runtime import configure_threads, cpu_has_bf16, resolve_device
 from moses_rnn.score import PhraseScorer
@@ -127,11 +126,7 @@ def main():
             result["bf16_matmul_gflops"] = round(peak16 / 1e9, 2)
             result["bf16_fraction_of_bf16_matmul"] = round(flops / t_batched / peak16, 3)
     result["runs_s"] = {k: [round(x, 3) for x in v] for k, v in times.items()}
-    out = json.dumps(result, indent=2)
-    print(out)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            f.write(out + "\n")
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REAL_TABLE, SHARED, require_shared, table_slice  # noqa: E402
+from common import REAL_TABLE, SHARED, emit, require_shared, table_slice  # noqa: E402
 
 from cslm.model import preset_config as cslm_preset  # noqa: E402
 from moses_rnn.modelbase import preset_config  # noqa: E402
@@ -208,11 +208,7 @@ def main() -> None:
     if not a.quick and REAL_TABLE.exists():
         torch.set_num_threads(cores)
         report["startup_seconds_whole_table"] = round(startup_rnn(str(REAL_TABLE)), 1)
-    out = json.dumps(report, indent=2)
-    print(out)
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            f.write(out + "\n")
+    emit(report, a.json)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import itertools
 import os
 import statistics
@@ -68,6 +69,15 @@ def gemm_rate(device: torch.device, m: int, k: int, n: int, dtype: torch.dtype =
         sync(device)
         rates.append(4 * 2 * m * k * n / (time.perf_counter() - t))
     return statistics.median(rates)
+
+
+def emit(report: dict, path: str | None = None) -> None:
+    """Print a benchmark's JSON report (the last thing on stdout, as run_all.py reads it); also write it to `path`."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
 
 
 def median_time(fn, repeats: int = 3) -> float:
