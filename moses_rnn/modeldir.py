@@ -97,3 +97,20 @@ def load_checkpoint(model_dir: str) -> dict:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{model_dir}: no {CHECKPOINT} to resume from")
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def weight_count(model_dir: str) -> int:
+    """The number of parameters in model.safetensors, read from its header (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    weights = os.path.join(model_dir, WEIGHTS)
+    if not os.path.exists(weights):
+        raise FileNotFoundError(f"{model_dir}: no {WEIGHTS}")
+    total = 0
+    with safe_open(weights, framework="pt") as f:
+        for key in f.keys():
+            n = 1
+            for d in f.get_slice(key).get_shape():
+                n *= d
+            total += n
+    return total

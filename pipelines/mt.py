@@ -3,7 +3,9 @@
     python mt.py prepare --src en --trg fr IN_PREFIX OUT_PREFIX [--lines N] [--max-len 80] [--max-ratio 9]
     python mt.py symmetrize FWD REV OUT          # grow-diag-final-and, Pharaoh "i-j" links
     python mt.py detok --lang fr IN OUT
-    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--test-ref REF]
+    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--test-ref REF] [--dev-ref REF --plot PNG]
+    python mt.py reweight FILTERED.ini TUNED.ini -o OUT.ini   # TUNED's weights in the filtered model
+    python mt.py timed TIMES.tsv STEP -- COMMAND...           # run COMMAND, log its wall time
 
 Every output is written atomically (a temporary file renamed on success), so
 make never sees a half-written file.
@@ -14,7 +16,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from moses_rnn.textio import InputError, atomic_output, iter_lines
@@ -167,6 +172,140 @@ def _lines(path: Path) -> list[str]:
     return [line for _, line in iter_lines(str(path))]
 
 
+# ---- moses.ini: the tuned weights in a filtered model ------------------------------
+
+def _ini_sections(path: str) -> list[tuple[str, list[str]]]:
+    """A moses.ini as (section name, its lines) in file order; lines before the first section
+    (comments) go under the name ''."""
+    sections: list[tuple[str, list[str]]] = [("", [])]
+    for _, line in iter_lines(path):
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            sections.append((stripped[1:-1], []))
+        else:
+            sections[-1][1].append(line)
+    return sections
+
+
+def _weight_names(lines: list[str]) -> list[str]:
+    return [line.split("=", 1)[0].strip() for line in lines if "=" in line and not line.lstrip().startswith("#")]
+
+
+def reweight(args) -> None:
+    """FILTERED's moses.ini (the tables filtered to one set's sentences) with TUNED's [weight]
+    section: both must weight the same features, else the filtered model is of another system."""
+    filtered, tuned = _ini_sections(args.filtered), _ini_sections(args.tuned)
+    weights = [lines for name, lines in tuned if name == "weight"]
+    if len(weights) != 1:
+        raise ValueError(f"{args.tuned}: expected one [weight] section, found {len(weights)}")
+    old = [lines for name, lines in filtered if name == "weight"]
+    if len(old) != 1:
+        raise ValueError(f"{args.filtered}: expected one [weight] section, found {len(old)}")
+    if sorted(_weight_names(old[0])) != sorted(_weight_names(weights[0])):
+        raise ValueError(f"{args.tuned} weights features {_weight_names(weights[0])}, "
+                         f"{args.filtered} has {_weight_names(old[0])}")
+    out = []
+    for name, lines in filtered:
+        if name:
+            out.append(f"[{name}]")
+        out.extend(weights[0] if name == "weight" else lines)
+    _write_lines(args.output, out)
+
+
+# ---- step times ------------------------------------------------------------------------
+
+def timed(args) -> None:
+    """Run COMMAND (stdin, stdout and stderr inherited); when it succeeds, append
+    "STEP<TAB>seconds" to TIMES. Exits with the command's status."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise SystemExit("mt.py timed: no command")
+    start = time.monotonic()
+    rc = subprocess.call(command)
+    if rc == 0:
+        with open(args.times, "a", encoding="utf-8") as f:  # one short line: an atomic append
+            f.write(f"{args.step}\t{time.monotonic() - start:.1f}\n")
+    sys.exit(rc)
+
+
+def _step_times(path: Path) -> list[str]:
+    """Markdown rows: per step, how many times it ran, its median and total minutes."""
+    steps: dict[str, list[float]] = {}
+    for _, line in iter_lines(str(path)):
+        step, _, seconds = line.partition("\t")
+        try:
+            steps.setdefault(step, []).append(float(seconds))
+        except ValueError:
+            raise ValueError(f"{path}: not STEP<TAB>seconds: {line!r}") from None
+    return [f"| {step} | {len(v)} | {statistics.median(v) / 60:.1f} | {sum(v) / 60:.1f} |" for step, v in steps.items()]
+
+
+# ---- the networks' sizes and budgets ----------------------------------------------------
+
+def _model_row(name: str, folder: Path) -> str | None:
+    """One Markdown row for a trained model directory: preset, parameters, recipe, budget,
+    updates, held-out perplexity (from its config.json, written by the trainer)."""
+    from moses_rnn import modeldir
+
+    if modeldir.kind(str(folder)) is None:
+        return None
+    meta = json.loads((folder / modeldir.CONFIG).read_text(encoding="utf-8")).get("meta", {})
+    train = meta.get("train_config", {})
+    budget = f"{train['max_minutes']:g} min" if train.get("max_minutes") else "until early stopping"
+    ppl = meta.get("valid_ppl")
+    return (f"| {name} | {train.get('preset', '–')} | {modeldir.weight_count(str(folder)) / 1e6:.1f} M "
+            f"| {train.get('recipe', '–')} | {budget}, {train.get('threads') or 'all'} thread(s) "
+            f"| {meta.get('step', '–')} | {f'{ppl:.2f}' if ppl else '–'} |")
+
+
+# ---- dev BLEU per MERT iteration -------------------------------------------------------
+
+def mert_curves(work: Path, systems: list[str], dev_ref: Path) -> dict[str, dict[str, list[float]]]:
+    """BLEU of each MERT iteration's decoded 1-best dev output (mert/runN.out, tokenized and
+    lowercased like the reference dev.TRG, so BLEU on these tokens as MERT sees them):
+    system -> run -> [BLEU of iteration 1, 2, ...]."""
+    from sacrebleu.metrics import BLEU
+
+    reference = _lines(dev_ref)
+    bleu = BLEU(tokenize="none", force=True)
+    curves: dict[str, dict[str, list[float]]] = {}
+    for system in systems:
+        for name, folder in _runs(work, system).items():
+            scores, n = [], 1
+            while (folder / "mert" / f"run{n}.out").exists():
+                hyp = _lines(folder / "mert" / f"run{n}.out")
+                if len(hyp) == len(reference):
+                    scores.append(bleu.corpus_score(hyp, [reference]).score)
+                n += 1
+            if scores:
+                curves.setdefault(system, {})[name] = scores
+    return curves
+
+
+def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (system, runs) in enumerate(curves.items()):
+        for j, (name, scores) in enumerate(runs.items()):
+            ax.plot(range(1, len(scores) + 1), scores, marker="o", markersize=3, color=colours[i % len(colours)],
+                    linestyle=["-", "--", ":", "-."][j % 4], label=f"{LABELS.get(system, system)} {name}".strip())
+    ax.set_xlabel("MERT iteration")
+    ax.set_ylabel("dev BLEU (tokenized, lowercased)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    Path(tmp).replace(output)
+
+
 def report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs), and the paired
     bootstrap p-value of each run's test output against the baseline's run of the same number."""
@@ -194,7 +333,8 @@ def report(args) -> None:
                     p_values.append(f"{p:.3f}")
         p_cell = " / ".join(p_values) if p_values else "–"
         rows.append(f"| {LABELS.get(system, system)} | {len(test)} | {cells[0]} | {cells[1]} | {p_cell} |")
-    lines = ["| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |", "|---|---:|---:|---:|---|", *rows]
+    lines = [f"**{args.label}**", ""] if args.label else []
+    lines += ["| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |", "|---|---:|---:|---:|---|", *rows]
     lines += ["", "BLEU: mean ± sample standard deviation over the MERT tunings (seeds 1, 2, ...; Clark et al. 2011). "
               "p: paired bootstrap resampling of each tuning's test output against the baseline's tuning of the same "
               "seed (`sacrebleu --paired-bs`, 1,000 samples); p < 0.05: the difference is significant."]
@@ -202,6 +342,18 @@ def report(args) -> None:
         lines += ["", f"sacrebleu signature: `{signature}`"]
     if test_signature:
         lines += ["", f"paired bootstrap signature: `{test_signature}`"]
+    models = [row for row in (_model_row("RNN Encoder–Decoder", work / "rnn" / "model"),
+                              _model_row("CSLM", work / "cslm" / "model")) if row]
+    if models:
+        lines += ["", "| Network | preset | parameters | recipe | training budget | updates | held-out ppl |",
+                  "|---|---|---:|---|---|---:|---:|", *models]
+    if (work / "times.tsv").exists():
+        lines += ["", "| Step | runs | median min | total min |", "|---|---:|---:|---:|", *_step_times(work / "times.tsv")]
+    if args.plot and args.dev_ref:
+        curves = mert_curves(work, systems, Path(args.dev_ref))
+        if curves:
+            plot_mert(curves, args.plot, args.label or "dev BLEU of each MERT iteration's 1-best output")
+            lines += ["", f"Dev BLEU per MERT iteration: `{Path(args.plot).name}`"]
     notes = work / "NOTES.md"
     if notes.exists():
         lines += ["", notes.read_text().strip()]
@@ -239,7 +391,20 @@ def main(argv=None) -> None:
     a.add_argument("--systems", default=",".join(SYSTEMS), help="the first is the baseline of the paired tests")
     a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
     a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
+    a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")
+    a.add_argument("--plot", help="PNG of the dev BLEU of every MERT iteration of every tuning")
+    a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
     a.set_defaults(fn=report)
+    a = sub.add_parser("reweight")
+    a.add_argument("filtered", help="moses.ini of the filtered model")
+    a.add_argument("tuned", help="moses.ini with the tuned [weight] section")
+    a.add_argument("-o", "--output", required=True)
+    a.set_defaults(fn=reweight)
+    a = sub.add_parser("timed")
+    a.add_argument("times", help="the TSV file the step's seconds are appended to")
+    a.add_argument("step")
+    a.add_argument("command", nargs=argparse.REMAINDER)
+    a.set_defaults(fn=timed)
     args = p.parse_args(argv)
     try:
         args.fn(args)

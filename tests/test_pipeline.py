@@ -40,12 +40,33 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
         assert step in plan, step
     for system in mt.SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
         for k in (1, 2, 3):
-            assert f"systems/{system}/run-{k}/mert" in plan and f"systems/{system}/run-{k}/test.out" in plan
+            assert f"systems/{system}/run-{k}/mert" in plan and f"systems/{system}/run-{k}/$set.ini" in plan
+        # the tables filtered once per system, each run's weights put into them
+        assert f"filter-model-given-input.pl $out.tmp {tmp_path}/w/systems/{system}/moses.ini" in plan
+    assert plan.count("filter-model-given-input.pl") == 4 and plan.count("mt.py reweight") == 12
     assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3"') == 4
-    assert "--test-ref" in plan
+    assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan
+    for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
+        assert f"times.tsv {step} -- " in plan, step
+    assert "--max-minutes 120" in plan  # the full run's budget per network
     # the default: the CSLM evaluated inside Moses, no server
     assert "with-cslm.sh" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
     assert not (tmp_path / "w").exists()  # a dry run writes nothing
+
+
+def test_dry_run_budget(tmp_path, shared_data):
+    """BUDGET=1: 400 dev sentences, 10 MERT iterations, 35 minutes per network, a labelled report;
+    a variable given on the command line still wins; any other BUDGET value is refused."""
+    r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
+    assert r.returncode == 0, r.stderr
+    assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 12
+    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 2
+    assert '--label "BUDGET=1 (a first table' in r.stdout
+    r = _make("-n", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
+              DATA=str(shared_data / "en-fr"))
+    assert "--lines 100" in r.stdout and "first 100 dev sentences" in r.stdout
+    r = _make("-n", "BUDGET=yes", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"))
+    assert r.returncode != 0 and "BUDGET must be 0 or 1, not yes" in r.stderr
 
 
 def test_dry_run_server_mode(tmp_path, shared_data):
@@ -246,3 +267,59 @@ def test_mt_py_names_a_truncated_corpus_in_one_line(tmp_path):
     assert r.returncode == 1
     assert r.stderr.startswith(f"mt.py detok: {tmp_path / 'out.gz'}: truncated gzip stream after line "), r.stderr
     assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "detok").exists()
+
+
+def test_reweight_puts_the_tuned_weights_into_the_filtered_model(tmp_path):
+    filtered = tmp_path / "filtered.ini"
+    filtered.write_text("# filtered\n[feature]\nPhraseDictionaryMemory name=TranslationModel0 path=/f/pt.gz\n\n"
+                        "[weight]\nTranslationModel0= 0.2 0.2\nLM0= 0.5\n\n[distortion-limit]\n6\n")
+    tuned = tmp_path / "tuned.ini"
+    tuned.write_text("[feature]\nPhraseDictionaryMemory name=TranslationModel0 path=/full/pt.gz\n\n"
+                     "[weight]\nLM0= 0.1\nTranslationModel0= 0.03 -0.4\n")
+    mt.main(["reweight", str(filtered), str(tuned), "-o", str(tmp_path / "out.ini")])
+    out = (tmp_path / "out.ini").read_text()
+    assert "path=/f/pt.gz" in out and "/full/" not in out  # the filtered tables
+    assert "LM0= 0.1\nTranslationModel0= 0.03 -0.4" in out and "0.2 0.2" not in out  # the tuned weights
+    assert out.startswith("# filtered\n[feature]") and "[distortion-limit]\n6" in out
+    tuned.write_text("[weight]\nLM0= 0.1\nTranslationModel0= 0.03 -0.4\nCSLM0= 0.1\n")
+    with pytest.raises(SystemExit, match="tuned.ini weights features"):
+        mt.main(["reweight", str(filtered), str(tuned), "-o", str(tmp_path / "bad.ini")])
+    assert not (tmp_path / "bad.ini").exists()
+
+
+def test_timed_logs_successful_steps_only(tmp_path):
+    times = tmp_path / "times.tsv"
+    ok = subprocess.run([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "align", "--",
+                         sys.executable, "-c", "print('out')"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout == "out\n"
+    bad = subprocess.run([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "lm", "--",
+                          sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
+    assert bad.returncode == 3
+    step, seconds = times.read_text().split("\t")
+    assert step == "align" and float(seconds) >= 0
+    assert mt._step_times(times)[0].startswith("| align | 1 | 0.0 |")
+
+
+def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
+    """The PNG beside the report: one curve per tuning, the BLEU of each iteration's 1-best output."""
+    pytest.importorskip("matplotlib")
+    ref = ["a b c d e f", "g h i j k l"]
+    (tmp_path / "dev.fr").write_text("\n".join(ref) + "\n")
+    sig = "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    outputs = [["a b x d e x", "g h x x k l"], ["a b c d e x", "g h i j k x"], ref]
+    for system in ("baseline", "rnn"):
+        for k in (1, 2):
+            d = tmp_path / "systems" / system / f"run-{k}"
+            (d / "mert").mkdir(parents=True)
+            for n, out in enumerate(outputs[: 2 + (system == "rnn")], 1):
+                (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
+            for part in ("dev", "test"):
+                (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 20.0, "signature": sig}))
+    curves = mt.mert_curves(tmp_path, ["baseline", "rnn"], tmp_path / "dev.fr")
+    assert len(curves["baseline"]["run-1"]) == 2 and len(curves["rnn"]["run-2"]) == 3
+    assert curves["rnn"]["run-1"][0] < curves["rnn"]["run-1"][1] < curves["rnn"]["run-1"][2] == pytest.approx(100.0)
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn",
+             "--dev-ref", str(tmp_path / "dev.fr"), "--plot", str(tmp_path / "mert.png"), "--label", "BUDGET=1 (a test)"])
+    assert (tmp_path / "mert.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("**BUDGET=1 (a test)**") and "`mert.png`" in report
