@@ -347,6 +347,14 @@ def report(args) -> None:
     if models:
         lines += ["", "| Network | preset | parameters | recipe | training budget | updates | held-out ppl |",
                   "|---|---|---:|---|---|---:|---:|", *models]
+    ppl = work / "cslm" / "ppl.json"
+    if ppl.exists():
+        r = json.loads(ppl.read_text(encoding="utf-8"))
+        lines += ["", f"Perplexity on the test set's target side ({r['tokens']:,} tokens): CSLM {r['cslm_ppl']:.1f}, "
+                  f"KenLM {r['kenlm_order']}-gram {r['kenlm_ppl']:.1f}; on the {r['tokens'] - r['unknown']:,} tokens in "
+                  f"the CSLM's shortlist: CSLM {r['cslm_ppl_in_shortlist']:.1f}, KenLM {r['kenlm_ppl_in_shortlist']:.1f}."
+                  + (f" Self-normalisation: ln Z mean {r['log_z']['mean']:.2f}, sd {r['log_z']['sd']:.2f}."
+                     if "log_z" in r else "")]
     if (work / "times.tsv").exists():
         lines += ["", "| Step | runs | median min | total min |", "|---|---:|---:|---:|", *_step_times(work / "times.tsv")]
     if args.plot and args.dev_ref:

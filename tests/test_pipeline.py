@@ -164,7 +164,13 @@ def test_detok_and_report(tmp_path):
         d.mkdir(parents=True)
         for part, score in (("dev", dev), ("test", test)):
             (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
+    (tmp_path / "cslm").mkdir()
+    (tmp_path / "cslm" / "ppl.json").write_text(json.dumps({
+        "tokens": 1000, "unknown": 100, "cslm_ppl": 102.2, "cslm_ppl_in_shortlist": 128.7, "kenlm_order": 5,
+        "kenlm_ppl": 286.2, "kenlm_ppl_in_shortlist": 129.0, "log_z": {"mean": -0.01, "sd": 0.57}}))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn"])
+    assert ("(1,000 tokens): CSLM 102.2, KenLM 5-gram 286.2; on the 900 tokens in the CSLM's shortlist: "
+            "CSLM 128.7, KenLM 129.0. Self-normalisation: ln Z mean -0.01, sd 0.57.") in (tmp_path / "report.md").read_text()
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[0] == "| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |"
     assert "| Baseline | 1 | 20.10 | 21.50 | – |" in table and "| RNN | 1 | 20.90 | 22.00 | – |" in table
