@@ -330,3 +330,60 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     assert (tmp_path / "mert.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("**BUDGET=1 (a test)**") and "`mert.png`" in report
+
+
+def test_interrupted_mert_resumes_from_its_last_finished_iteration(tmp_path):
+    """tune-SYSTEM runs mert-moses.pl with --continue when the working folder holds a finished
+    iteration (finished_step.txt), keeping that work; otherwise it starts in an empty folder."""
+    moses = tmp_path / "moses"
+    (moses / "scripts" / "training").mkdir(parents=True)
+    fake = moses / "scripts" / "training" / "mert-moses.pl"  # records its arguments, writes moses.ini
+    fake.write_text('#!/bin/sh\nwd=""; prev=""\nfor a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; prev=$a; done\n'
+                    'mkdir -p "$wd"; ls "$wd" > "$wd/../found"; echo "$@" > "$wd/args"\n'
+                    'printf "[weight]\\nLM0= 0.5\\n" > "$wd/moses.ini"\n')
+    fake.chmod(0o755)
+    work = tmp_path / "w"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "dev.en").write_text("a\n")
+    system = work / "systems" / "baseline"
+    system.mkdir(parents=True)
+    (system / "moses.ini").write_text("[weight]\nLM0= 1\n")
+    old = ["-o", str(system / "moses.ini"), "-o", str(work / "data" / "dev.en")]
+    for run, finished in (("run-1", "4\n"), ("run-2", None)):
+        mert = system / run / "mert"
+        mert.mkdir(parents=True)
+        (mert / "run1.features.dat").write_text("x\n")
+        (run_log := system / run / "mert.log").write_text("the first 4 iterations\n")
+        if finished:
+            (mert / "finished_step.txt").write_text(finished)
+        r = _make(*old, str(system / run / "tuned.ini"), MOSES=str(moses), WORK=str(work))
+        assert r.returncode == 0, r.stdout + r.stderr
+        args, found = (mert / "args").read_text(), (system / run / "found").read_text().split()
+        assert (system / run / "tuned.ini").read_text() == "[weight]\nLM0= 0.5\n"
+        if finished:
+            assert "--continue" in args and "run1.features.dat" in found
+            assert (system / run / "mert.log.4").read_text() == "the first 4 iterations\n"  # the log kept
+        else:
+            assert "--continue" not in args and found == []
+        assert f"-r {run[-1]}" in args
+
+
+def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
+    fake = tmp_path / "fake-train"  # records its arguments
+    fake.write_text('#!/bin/sh\necho "$@" >> "$0.args"\n')
+    fake.chmod(0o755)
+    work = tmp_path / "w"
+    (work / "model").mkdir(parents=True)
+    (work / "model" / "moses.ini").write_text("[weight]\n")
+    (work / "data").mkdir()
+    (work / "data" / "train.en").write_text("a\n")
+    old = ["-o", str(work / "model" / "moses.ini"), "-o", str(work / "data" / "train.en")]
+    targets = [str(work / "rnn" / "model" / ".done"), str(work / "cslm" / "model" / ".done")]
+    for d in ("rnn", "cslm"):
+        (work / d / "model").mkdir(parents=True)
+    (work / "rnn" / "model" / "checkpoint.pt").write_bytes(b"state")  # the RNN was interrupted
+    r = _make(*old, *targets, MOSES_RNN=str(fake), CSLM=str(fake), WORK=str(work))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rnn, cslm = (tmp_path / "fake-train.args").read_text().splitlines()
+    assert rnn.startswith("train ") and "phrase-table.gz" in rnn and rnn.endswith("--resume --quiet")
+    assert "train.fr" in cslm and "--resume" not in cslm
