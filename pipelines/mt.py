@@ -19,6 +19,7 @@ import json
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -296,7 +297,7 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
                     linestyle=["-", "--", ":", "-."][j % 4], label=f"{LABELS.get(system, system)} {name}".strip())
     ax.set_xlabel("MERT iteration")
     ax.set_ylabel("dev BLEU (tokenized, lowercased)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 110), fontsize=8)  # a long label (BUDGET=1) on several lines
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
