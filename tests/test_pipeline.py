@@ -348,19 +348,26 @@ def test_interrupted_mert_resumes_from_its_last_finished_iteration(tmp_path):
     system = work / "systems" / "baseline"
     system.mkdir(parents=True)
     (system / "moses.ini").write_text("[weight]\nLM0= 1\n")
-    old = ["-o", str(system / "moses.ini"), "-o", str(work / "data" / "dev.en")]
-    for run, finished in (("run-1", "4\n"), ("run-2", None)):
+    corpus = tmp_path / "dev"  # the raw dev set, older than the prepared one
+    for lang in ("en", "fr"):
+        Path(f"{corpus}.{lang}").write_text("a\n")
+        os.utime(f"{corpus}.{lang}", (1, 1))
+    old = ["-o", str(system / "moses.ini"), f"DEV={corpus}"]
+    (system / "run-3").mkdir()
+    (system / "run-3" / "tuned.ini").write_text("[weight]\nLM0= 0.1\n")  # tuned before the dev set changed
+    os.utime(system / "run-3" / "tuned.ini", (2, 2))
+    for run, finished in (("run-1", "4\n"), ("run-2", None), ("run-3", "10\n")):
         mert = system / run / "mert"
         mert.mkdir(parents=True)
         (mert / "run1.features.dat").write_text("x\n")
-        (run_log := system / run / "mert.log").write_text("the first 4 iterations\n")
+        (system / run / "mert.log").write_text("the first 4 iterations\n")
         if finished:
             (mert / "finished_step.txt").write_text(finished)
         r = _make(*old, str(system / run / "tuned.ini"), MOSES=str(moses), WORK=str(work))
         assert r.returncode == 0, r.stdout + r.stderr
         args, found = (mert / "args").read_text(), (system / run / "found").read_text().split()
         assert (system / run / "tuned.ini").read_text() == "[weight]\nLM0= 0.5\n"
-        if finished:
+        if run == "run-1":
             assert "--continue" in args and "run1.features.dat" in found
             assert (system / run / "mert.log.4").read_text() == "the first 4 iterations\n"  # the log kept
         else:
@@ -387,3 +394,10 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     rnn, cslm = (tmp_path / "fake-train.args").read_text().splitlines()
     assert rnn.startswith("train ") and "phrase-table.gz" in rnn and rnn.endswith("--resume --quiet")
     assert "train.fr" in cslm and "--resume" not in cslm
+    # a finished model whose phrase table changed is trained afresh, not continued
+    os.utime(work / "rnn" / "model" / ".done", (1, 1))
+    made = [str(work / "align" / "aligned.grow-diag-final-and"), str(work / "lm" / "lm.fr.blm")]
+    r = _make("-o", made[0], "-o", made[1], targets[0], MOSES_RNN=str(fake), WORK=str(work))
+    assert r.returncode == 0, r.stdout + r.stderr
+    again = (tmp_path / "fake-train.args").read_text().splitlines()[-1]
+    assert again.startswith("train ") and "--resume" not in again
