@@ -5,6 +5,8 @@
     python mt.py detok --lang fr IN OUT
     python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--test-ref REF] [--dev-ref REF --plot PNG]
     python mt.py reweight FILTERED.ini TUNED.ini -o OUT.ini   # TUNED's weights in the filtered model
+    python mt.py table-path MOSES.ini [--table NAME]          # the file of a phrase table (the first)
+    python mt.py best-iteration MERT.log                      # the iteration --return-best-dev kept
     python mt.py timed TIMES.tsv STEP -- COMMAND...           # run COMMAND, log its wall time
 
 Every output is written atomically (a temporary file renamed on success), so
@@ -135,12 +137,13 @@ def _bleu(path: Path) -> dict | None:
         return json.load(f)
 
 
-def _runs(work: Path, system: str) -> dict[str, Path]:
-    """The tunings of a system: run name -> folder (systems/SYSTEM/run-K; a folder with its own
-    bleu.json, the layout of a single tuning, counts as one run named '')."""
+def _runs(work: Path, system: str, tuner: str = "mert") -> dict[str, Path]:
+    """The tunings of a system by a tuner: run name -> folder (systems/SYSTEM/TUNER-K, in the order
+    of K; a folder with its own bleu.json, the layout of a single tuning, counts as one run named '')."""
     folder = work / "systems" / system
-    runs = {d.name: d for d in sorted(folder.glob("run-*"), key=lambda d: int(d.name[4:]) if d.name[4:].isdigit() else 0)
-            if d.is_dir()}
+    prefix = f"{tuner}-"
+    runs = {d.name: d for d in sorted(folder.glob(prefix + "*"), key=lambda d: int(d.name[len(prefix):]))
+            if d.is_dir() and d.name[len(prefix):].isdigit()}
     if not runs and (folder / "test.bleu.json").exists():
         runs[""] = folder
     return runs
@@ -261,9 +264,9 @@ def _model_row(name: str, folder: Path) -> str | None:
 
 # ---- dev BLEU per MERT iteration -------------------------------------------------------
 
-def mert_curves(work: Path, systems: list[str], dev_ref: Path) -> dict[str, dict[str, list[float]]]:
-    """BLEU of each MERT iteration's decoded 1-best dev output (mert/runN.out, tokenized and
-    lowercased like the reference dev.TRG, so BLEU on these tokens as MERT sees them):
+def mert_curves(work: Path, systems: list[str], dev_ref: Path, tuner: str = "mert") -> dict[str, dict[str, list[float]]]:
+    """BLEU of each tuning iteration's decoded 1-best dev output (mert/runN.out, tokenized and
+    lowercased like the reference dev.TRG, so BLEU on these tokens as the tuner sees them):
     system -> run -> [BLEU of iteration 1, 2, ...]."""
     from sacrebleu.metrics import BLEU
 
@@ -271,7 +274,7 @@ def mert_curves(work: Path, systems: list[str], dev_ref: Path) -> dict[str, dict
     bleu = BLEU(tokenize="none", force=True)
     curves: dict[str, dict[str, list[float]]] = {}
     for system in systems:
-        for name, folder in _runs(work, system).items():
+        for name, folder in _runs(work, system, tuner).items():
             scores, n = [], 1
             while (folder / "mert" / f"run{n}.out").exists():
                 hyp = _lines(folder / "mert" / f"run{n}.out")
@@ -283,7 +286,43 @@ def mert_curves(work: Path, systems: list[str], dev_ref: Path) -> dict[str, dict
     return curves
 
 
-def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str) -> None:
+# A tuning whose decoded dev BLEU never rises FAIL_GAIN above its first iteration's did not tune
+# anything; one that falls COLLAPSE_DROP below it at some iteration collapsed there (the weights
+# the optimiser proposed decode far worse than where it started).
+FAIL_GAIN, COLLAPSE_DROP = 1.0, 1.0
+
+
+def tuning_health(scores: list[float]) -> dict:
+    """What a tuning's dev BLEU per iteration says: the first, the best and its iteration (1-based),
+    the lowest after the first, and a verdict: 'failed' (the best is the first iteration),
+    'collapsed' (it fell more than COLLAPSE_DROP below the first), 'weak' (the best is less than
+    FAIL_GAIN above the first), else 'ok'."""
+    first, best = scores[0], max(scores)
+    best_at = scores.index(best) + 1
+    lowest = min(scores[1:]) if len(scores) > 1 else first
+    if best_at == 1:
+        verdict = "failed"
+    elif lowest < first - COLLAPSE_DROP:
+        verdict = "collapsed"
+    elif best < first + FAIL_GAIN:
+        verdict = "weak"
+    else:
+        verdict = "ok"
+    return {"iterations": len(scores), "first": first, "best": best, "best_at": best_at, "lowest": lowest,
+            "verdict": verdict}
+
+
+def _health_rows(curves: dict[str, dict[str, list[float]]]) -> list[str]:
+    rows = []
+    for system, runs in curves.items():
+        for name, scores in runs.items():
+            h = tuning_health(scores)
+            rows.append(f"| {LABELS.get(system, system)} {name} | {h['iterations']} | {h['first']:.2f} | "
+                        f"{h['best']:.2f} ({h['best_at']}) | {h['lowest']:.2f} | {h['verdict']} |")
+    return rows
+
+
+def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str, tuner: str = "mert") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -295,7 +334,7 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
         for j, (name, scores) in enumerate(runs.items()):
             ax.plot(range(1, len(scores) + 1), scores, marker="o", markersize=3, color=colours[i % len(colours)],
                     linestyle=["-", "--", ":", "-."][j % 4], label=f"{LABELS.get(system, system)} {name}".strip())
-    ax.set_xlabel("MERT iteration")
+    ax.set_xlabel(f"{tuner} iteration (1: the starting weights)")
     ax.set_ylabel("dev BLEU (tokenized, lowercased)")
     ax.set_title(textwrap.fill(title, 110), fontsize=8)  # a long label (BUDGET=1) on several lines
     ax.grid(alpha=0.3)
@@ -308,41 +347,66 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
 
 
 def report(args) -> None:
-    """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs), and the paired
-    bootstrap p-value of each run's test output against the baseline's run of the same number."""
+    """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
+    the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
+    each, and approximate randomization over all tunings of both systems together (significance.py);
+    the health of every tuning; the networks, perplexities and step times."""
+    from significance import approximate_randomization, bootstrap
+
     work = Path(args.work)
     systems = args.systems.replace(",", " ").split()
     reference = _lines(Path(args.test_ref)) if args.test_ref else None
-    base_runs = _runs(work, systems[0]) if systems else {}
-    rows, signature, test_signature, counts = [], None, None, set()
+    base_runs = _runs(work, systems[0], args.tuner) if systems else {}
+    base_test = {name: _bleu(d / "test.bleu.json") for name, d in base_runs.items()}
+    rows, signature, test_signature, all_descriptions = [], None, None, []
     for system in systems:
-        runs = _runs(work, system)
+        runs = _runs(work, system, args.tuner)
         dev = [b for b in (_bleu(d / "dev.bleu.json") for d in runs.values()) if b]
-        test = [b for b in (_bleu(d / "test.bleu.json") for d in runs.values()) if b]
+        test = {name: b for name, b in ((name, _bleu(d / "test.bleu.json")) for name, d in runs.items()) if b}
         if not dev and not test:
             continue
-        counts.add(len(test))
-        signature = signature or (test or dev)[0].get("signature")
-        cells = [_mean_sd([b["score"] for b in part]) if part else "–" for part in (dev, test)]
-        p_values = []
-        if reference is not None and system != systems[0]:
-            for name, folder in runs.items():
-                base, mine = base_runs.get(name), folder / "test.detok"
-                if base is not None and (base / "test.detok").exists() and mine.exists():
-                    p, test_signature = paired_bootstrap(reference, _lines(base / "test.detok"), _lines(mine),
-                                                         args.samples)
+        signature = signature or (list(test.values()) or dev)[0].get("signature")
+        cells = [_mean_sd([b["score"] for b in part]) if part else "–" for part in (dev, list(test.values()))]
+        gains, p_values, p_all = [], [], ["–", "–"]
+        if system != systems[0]:
+            gains = [b["score"] - base_test[name]["score"] for name, b in test.items() if base_test.get(name)]
+            if reference is not None:
+                pairs = [(base_runs[name] / "test.detok", runs[name] / "test.detok") for name in test
+                         if name in base_runs and (base_runs[name] / "test.detok").exists()
+                         and (runs[name] / "test.detok").exists()]
+                for base, mine in pairs:
+                    p, test_signature = paired_bootstrap(reference, _lines(base), _lines(mine), args.samples)
                     p_values.append(f"{p:.3f}")
-        p_cell = " / ".join(p_values) if p_values else "–"
-        rows.append(f"| {LABELS.get(system, system)} | {len(test)} | {cells[0]} | {cells[1]} | {p_cell} |")
+                base_out = [_lines(d / "test.detok") for d in base_runs.values() if (d / "test.detok").exists()]
+                mine_out = [_lines(d / "test.detok") for d in runs.values() if (d / "test.detok").exists()]
+                if base_out and mine_out:
+                    tests = [test(reference, base_out, mine_out, samples=args.ar_samples)
+                             for test in (approximate_randomization, bootstrap)]
+                    p_all = [f"{t.p_value:.4f}" for t in tests]
+                    all_descriptions = [t.description for t in tests]
+        gain_cell = (" / ".join(f"{g:+.2f}" for g in gains) + (f" (min {min(gains):+.2f})" if len(gains) > 1 else "")
+                     if gains else "–")
+        rows.append(f"| {LABELS.get(system, system)} | {len(test)} | {cells[0]} | {cells[1]} | {gain_cell} | "
+                    f"{' / '.join(p_values) if p_values else '–'} | {p_all[0]} | {p_all[1]} |")
     lines = [f"**{args.label}**", ""] if args.label else []
-    lines += ["| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |", "|---|---:|---:|---:|---|", *rows]
-    lines += ["", "BLEU: mean ± sample standard deviation over the MERT tunings (seeds 1, 2, ...; Clark et al. 2011). "
-              "p: paired bootstrap resampling of each tuning's test output against the baseline's tuning of the same "
-              "seed (`sacrebleu --paired-bs`, 1,000 samples); p < 0.05: the difference is significant."]
+    lines += [f"Tuner: {args.tuner} (mert-moses.pl{TUNER_FLAGS.get(args.tuner, '')}).", "",
+              "| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning | p all tunings (AR) "
+              "| p all tunings (bootstrap) |",
+              "|---|---:|---:|---:|---|---|---:|---:|", *rows]
+    lines += ["", f"BLEU: mean ± sample standard deviation over the tunings (seeds 1, 2, ...; Clark et al. 2011). "
+              "Gain and p per tuning: each tuning's test output against the baseline's tuning of the same seed "
+              f"(`sacrebleu --paired-bs`, {args.samples:,} samples). The seeds of two systems are unrelated draws, so "
+              "the last two columns test all tunings of both systems together, on BLEU pooled over each system's "
+              "tunings: approximate randomization with each sentence's hypotheses of all tunings re-divided "
+              "between the systems (MultEval, Clark et al. 2011), and a bootstrap over both sentences and tunings, "
+              "which also counts a whole tuning's luck as chance (the stricter of the two). "
+              "p < 0.05: the difference is significant."]
     if signature:
         lines += ["", f"sacrebleu signature: `{signature}`"]
     if test_signature:
         lines += ["", f"paired bootstrap signature: `{test_signature}`"]
+    for description in all_descriptions:
+        lines += ["", f"over all tunings: `{description}`"]
     models = [row for row in (_model_row("RNN Encoder–Decoder", work / "rnn" / "model"),
                               _model_row("CSLM", work / "cslm" / "model")) if row]
     if models:
@@ -358,16 +422,57 @@ def report(args) -> None:
                      if "log_z" in r else "")]
     if (work / "times.tsv").exists():
         lines += ["", "| Step | runs | median min | total min |", "|---|---:|---:|---:|", *_step_times(work / "times.tsv")]
-    if args.plot and args.dev_ref:
-        curves = mert_curves(work, systems, Path(args.dev_ref))
+    if args.dev_ref:
+        curves = mert_curves(work, systems, Path(args.dev_ref), args.tuner)
         if curves:
-            plot_mert(curves, args.plot, args.label or "dev BLEU of each MERT iteration's 1-best output")
-            lines += ["", f"Dev BLEU per MERT iteration: `{Path(args.plot).name}`"]
+            health = [tuning_health(scores)["verdict"] for runs in curves.values() for scores in runs.values()]
+            bad = sum(v in ("failed", "collapsed") for v in health)
+            lines += ["", f"Tunings: dev BLEU (tokenized, lowercased) of each iteration's decoded 1-best. 'failed': the "
+                      f"best iteration is the first (the tuning kept its starting weights); 'collapsed': an iteration "
+                      f"fell more than {COLLAPSE_DROP:.1f} below the first; 'weak': the best is less than {FAIL_GAIN:.1f} "
+                      f"above the first. {bad} of {len(health)} tunings failed or collapsed.", "",
+                      "| Tuning | iterations | dev BLEU, iteration 1 | best (iteration) | lowest after 1 | verdict |",
+                      "|---|---:|---:|---:|---:|---|", *_health_rows(curves)]
+            if args.plot:
+                plot_mert(curves, args.plot, args.label or f"dev BLEU of each {args.tuner} iteration's 1-best output",
+                          args.tuner)
+                lines += ["", f"Dev BLEU per {args.tuner} iteration: `{Path(args.plot).name}`"]
     notes = work / "NOTES.md"
     if notes.exists():
         lines += ["", notes.read_text().strip()]
     _write_lines(args.output, lines)
     print("\n".join(lines))
+
+
+# the mert-moses.pl options each TUNER value adds (pipelines/Makefile), for the report's first line
+TUNER_FLAGS = {"mert": "", "kbmira": " --batch-mira", "pro": " --pairwise-ranked, megam by pipelines/megam.py"}
+
+
+def table_path(args) -> None:
+    """Print the file of a moses.ini's phrase table (--table NAME, else the first); Moses adds .gz
+    to a path that does not exist, and so does this."""
+    from moses_rnn.mosesini import MosesIni
+
+    ini = MosesIni.read(args.ini)
+    tables = [ini.feature(args.table)] if args.table else ini.phrase_tables()
+    if not tables or not tables[0].get("path"):
+        raise ValueError(f"{args.ini}: no phrase table with a path")
+    path = tables[0].get("path")
+    if not Path(path).exists() and Path(path + ".gz").exists():
+        path += ".gz"
+    print(path)
+
+
+def best_iteration(args) -> None:
+    """Print the iteration whose weights mert-moses.pl --return-best-dev returned (its log's
+    'copying weights from best iteration (N, bleu=...)'); exit 1 when the log has none."""
+    best = None
+    for _, line in iter_lines(args.log):
+        if line.startswith("copying weights from best iteration ("):
+            best = line.split("(", 1)[1].split(",", 1)[0]
+    if best is None or not best.isdigit():
+        sys.exit(1)
+    print(best)
 
 
 def main(argv=None) -> None:
@@ -399,7 +504,9 @@ def main(argv=None) -> None:
     a.add_argument("output")
     a.add_argument("--systems", default=",".join(SYSTEMS), help="the first is the baseline of the paired tests")
     a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
+    a.add_argument("--tuner", default="mert", choices=sorted(TUNER_FLAGS), help="whose tunings: systems/S/TUNER-K")
     a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
+    a.add_argument("--ar-samples", type=int, default=10000, help="approximate randomization samples")
     a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")
     a.add_argument("--plot", help="PNG of the dev BLEU of every MERT iteration of every tuning")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
@@ -409,6 +516,13 @@ def main(argv=None) -> None:
     a.add_argument("tuned", help="moses.ini with the tuned [weight] section")
     a.add_argument("-o", "--output", required=True)
     a.set_defaults(fn=reweight)
+    a = sub.add_parser("table-path")
+    a.add_argument("ini")
+    a.add_argument("--table", help="the phrase table's feature name (default: the first phrase table)")
+    a.set_defaults(fn=table_path)
+    a = sub.add_parser("best-iteration")
+    a.add_argument("log", help="mert-moses.pl's log (stdout)")
+    a.set_defaults(fn=best_iteration)
     a = sub.add_parser("timed")
     a.add_argument("times", help="the TSV file the step's seconds are appended to")
     a.add_argument("step")

@@ -40,13 +40,23 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
         assert step in plan, step
     for system in mt.SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
         for k in (1, 2, 3):
-            assert f"systems/{system}/run-{k}/mert" in plan and f"systems/{system}/run-{k}/$set.ini" in plan
-        # the tables filtered once per system, each run's weights put into them
+            assert f"systems/{system}/mert-{k}/mert" in plan and f"systems/{system}/mert-{k}/$set.ini" in plan
+        # the tables filtered once per system, each run's weights put into them; every tuning
+        # starts from the filtered dev model
         assert f"filter-model-given-input.pl $out.tmp {tmp_path}/w/systems/{system}/moses.ini" in plan
+        assert plan.count(f"mert-moses.pl {tmp_path}/w/data/dev.en {tmp_path}/w/data/dev.fr \\\n"
+                          f"  /opt/mosesdecoder/bin/moses {tmp_path}/w/systems/{system}/moses.ini.filtered-dev "
+                          "--no-filter-phrase-table") == 3
     assert plan.count("filter-model-given-input.pl") == 4 and plan.count("mt.py reweight") == 12
-    assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3"') == 4
+    assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3 "') == 4
     assert plan.count("/mert --threads 2 ") == 12  # the optimiser on THREADS threads
-    assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan
+    assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
+    # dev: the tuning's own decoding of the weights it kept
+    assert plan.count("mt.py best-iteration") == 12
+    # the whole table scored (SCORE_SCOPE=all, the default)
+    assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
+    assert "model-devtest" not in plan
+    assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan and "--tuner mert" in plan
     for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
         assert f"times.tsv {step} -- " in plan, step
     assert "--max-minutes 120" in plan  # the full run's budget per network
@@ -62,7 +72,14 @@ def test_dry_run_budget(tmp_path, shared_data):
     assert r.returncode == 0, r.stderr
     assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 12
     assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 2
-    assert '--label "BUDGET=1 (a first table' in r.stdout
+    assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by mert on the first 400" in r.stdout
+    # the RNN scores only what dev and test can use: the base model filtered to both sets' sources
+    w = tmp_path / "w"
+    assert f"cat {w}/data/dev.en {w}/data/test.en > {w}/devtest.en" in r.stdout
+    assert f"filter-model-given-input.pl {w}/model-devtest.tmp {w}/model/moses.ini {w}/devtest.en" in r.stdout
+    assert f"table-path {w}/model-devtest/moses.ini)" in r.stdout
+    assert f"cp {w}/model-devtest/moses.ini {w}/systems/baseline/moses.ini.tmp" in r.stdout
+    assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 2
     r = _make("-n", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
               DATA=str(shared_data / "en-fr"))
     assert "--lines 100" in r.stdout and "first 100 dev sentences" in r.stdout
@@ -173,8 +190,11 @@ def test_detok_and_report(tmp_path):
     assert ("(1,000 tokens): CSLM 102.2, KenLM 5-gram 286.2; on the 900 tokens in the CSLM's shortlist: "
             "CSLM 128.7, KenLM 129.0. Self-normalisation: ln Z mean -0.01, sd 0.57.") in (tmp_path / "report.md").read_text()
     table = (tmp_path / "report.md").read_text().splitlines()
-    assert table[0] == "| Models | tunings | BLEU dev | BLEU test | p vs baseline (per tuning) |"
-    assert "| Baseline | 1 | 20.10 | 21.50 | – |" in table and "| RNN | 1 | 20.90 | 22.00 | – |" in table
+    assert table[0] == "Tuner: mert (mert-moses.pl)."
+    assert table[2] == ("| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning "
+                        "| p all tunings (AR) | p all tunings (bootstrap) |")
+    assert "| Baseline | 1 | 20.10 | 21.50 | – | – | – | – |" in table
+    assert "| RNN | 1 | 20.90 | 22.00 | +0.50 | – | – | – |" in table
     assert not any(line.startswith("| CSLM") for line in table)
     assert any(sig in line for line in table)
 
@@ -196,20 +216,31 @@ def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
     outputs = {"baseline": worse, "rnn": better, "cslm-rnn": as_bad}
     for system, values in scores.items():
         for k, score in enumerate(values, 1):
-            d = tmp_path / "systems" / system / f"run-{k}"
+            d = tmp_path / "systems" / system / f"kbmira-{k}"
             d.mkdir(parents=True)
             for part in ("dev", "test"):
                 (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
             (d / "test.detok").write_text("\n".join(outputs[system]) + "\n")
+    # another tuner's runs in the same work folder are not this report's
+    (tmp_path / "systems" / "rnn" / "mert-1").mkdir()
+    (tmp_path / "systems" / "rnn" / "mert-1" / "test.bleu.json").write_text(
+        json.dumps({"name": "BLEU", "score": 99.0, "signature": sig}))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn",
-             "--test-ref", str(tmp_path / "test.ref"), "--samples", "200"])
-    rows = {line.split(" | ")[0]: line.split(" | ") for line in (tmp_path / "report.md").read_text().splitlines()
+             "--tuner", "kbmira", "--test-ref", str(tmp_path / "test.ref"), "--samples", "200", "--ar-samples", "500"])
+    text = (tmp_path / "report.md").read_text()
+    rows = {line.split(" | ")[0]: line.rstrip(" |").split(" | ") for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| Models")}
-    assert rows["| Baseline"][1:4] == ["3", "21.00 ± 1.00", "21.00 ± 1.00"] and rows["| Baseline"][4] == "– |"
+    assert text.startswith("Tuner: kbmira (mert-moses.pl --batch-mira).")
+    assert rows["| Baseline"][1:] == ["3", "21.00 ± 1.00", "21.00 ± 1.00", "–", "–", "–", "–"]
     assert rows["| RNN"][3] == "23.00 ± 0.00"
-    assert all(float(p) < 0.05 for p in rows["| RNN"][4].rstrip(" |").split(" / "))
-    assert all(float(p) > 0.05 for p in rows["| CSLM + RNN"][4].rstrip(" |").split(" / "))
-    assert "paired bootstrap signature: `nrefs:1|bs:200|" in (tmp_path / "report.md").read_text()
+    assert rows["| RNN"][4] == "+3.00 / +2.00 / +1.00 (min +1.00)"  # each tuning against the baseline's same seed
+    assert all(float(p) < 0.05 for p in rows["| RNN"][5].split(" / "))
+    assert all(float(p) > 0.05 for p in rows["| CSLM + RNN"][5].split(" / "))
+    # over all tunings together (stratified approximate randomization)
+    for column in (6, 7):  # approximate randomization, bootstrap
+        assert float(rows["| RNN"][column]) < 0.05 and float(rows["| CSLM + RNN"][column]) > 0.05
+    assert "paired bootstrap signature: `nrefs:1|bs:200|" in text
+    assert "over all tunings: `test:stratified-ar|" in text and text.count("over all tunings: `") == 2
 
 
 # ---- the Moses feature function's Moses-independent parts (cslm/moses/) ----------------
@@ -316,30 +347,71 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     outputs = [["a b x d e x", "g h x x k l"], ["a b c d e x", "g h i j k x"], ref]
     for system in ("baseline", "rnn"):
         for k in (1, 2):
-            d = tmp_path / "systems" / system / f"run-{k}"
+            d = tmp_path / "systems" / system / f"mert-{k}"
             (d / "mert").mkdir(parents=True)
             for n, out in enumerate(outputs[: 2 + (system == "rnn")], 1):
                 (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
             for part in ("dev", "test"):
                 (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 20.0, "signature": sig}))
     curves = mt.mert_curves(tmp_path, ["baseline", "rnn"], tmp_path / "dev.fr")
-    assert len(curves["baseline"]["run-1"]) == 2 and len(curves["rnn"]["run-2"]) == 3
-    assert curves["rnn"]["run-1"][0] < curves["rnn"]["run-1"][1] < curves["rnn"]["run-1"][2] == pytest.approx(100.0)
+    assert len(curves["baseline"]["mert-1"]) == 2 and len(curves["rnn"]["mert-2"]) == 3
+    assert curves["rnn"]["mert-1"][0] < curves["rnn"]["mert-1"][1] < curves["rnn"]["mert-1"][2] == pytest.approx(100.0)
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn",
              "--dev-ref", str(tmp_path / "dev.fr"), "--plot", str(tmp_path / "mert.png"), "--label", "BUDGET=1 (a test)"])
     assert (tmp_path / "mert.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("**BUDGET=1 (a test)**") and "`mert.png`" in report
+    assert "| RNN mert-1 | 3 | " in report and report.count("| ok |") == 4 and "0 of 4 tunings failed" in report
 
 
-def test_interrupted_mert_resumes_from_its_last_finished_iteration(tmp_path):
+@pytest.mark.parametrize("scores,verdict", [
+    ([10.8, 0.9, 10.5, 10.7], "failed"),       # the best is the first: it kept its starting weights
+    ([10.8, 0.9, 10.5, 12.4], "collapsed"),    # fell 9.9 below the first, then climbed
+    ([10.8, 10.5, 11.2, 11.3], "weak"),        # never 1.0 above the first
+    ([10.8, 10.2, 11.9, 12.1], "ok"),
+    ([10.8], "failed"),
+])
+def test_tuning_health(scores, verdict):
+    h = mt.tuning_health(scores)
+    assert h["verdict"] == verdict and h["first"] == 10.8 and h["best"] == max(scores)
+    assert h["best_at"] == scores.index(max(scores)) + 1 and h["iterations"] == len(scores)
+
+
+def test_report_says_which_tunings_failed(tmp_path):
+    """A collapsed tuning and one whose best iteration is its first are named as such."""
+    ref = [f"w{i} w{i + 1} w{i + 2} w{i + 3}" for i in range(40)]
+    (tmp_path / "dev.fr").write_text("\n".join(ref) + "\n")
+    bad = [" ".join(["x"] * 4)] * 40
+    half = [r if i % 2 else "x x x x" for i, r in enumerate(ref)]
+    sig = "nrefs:1|case:lc|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    for k, its in ((1, [half, bad, ref]), (2, [ref, half, half]), (3, [half, ref])):
+        d = tmp_path / "systems" / "baseline" / f"pro-{k}"
+        (d / "mert").mkdir(parents=True)
+        for n, out in enumerate(its, 1):
+            (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
+        (d / "test.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 20.0, "signature": sig}))
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline", "--tuner", "pro",
+             "--dev-ref", str(tmp_path / "dev.fr")])
+    report = (tmp_path / "report.md").read_text()
+    verdicts = {line.split(" | ")[0][2:]: line.rstrip(" |").split(" | ")[-1] for line in report.splitlines()
+                if line.startswith("| Baseline pro-")}
+    assert verdicts == {"Baseline pro-1": "collapsed", "Baseline pro-2": "failed", "Baseline pro-3": "ok"}
+    assert "2 of 3 tunings failed or collapsed" in report
+
+
+@pytest.mark.parametrize("tuner", ["mert", "kbmira", "pro"])
+def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, tuner):
     """tune-SYSTEM runs mert-moses.pl with --continue when the working folder holds a finished
-    iteration (finished_step.txt), keeping that work; otherwise it starts in an empty folder."""
+    iteration (finished_step.txt), keeping that work; otherwise it starts in an empty folder.
+    Each tuner gets its own options and the run's seed; PRO gets a mertdir with megam in it."""
     moses = tmp_path / "moses"
     (moses / "scripts" / "training").mkdir(parents=True)
+    (moses / "bin").mkdir()
     fake = moses / "scripts" / "training" / "mert-moses.pl"  # records its arguments, writes moses.ini
-    fake.write_text('#!/bin/sh\nwd=""; prev=""\nfor a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; prev=$a; done\n'
-                    'mkdir -p "$wd"; ls "$wd" > "$wd/../found"; echo "$@" > "$wd/args"\n'
+    fake.write_text('#!/bin/sh\nwd=""; md=""; prev=""\n'
+                    'for a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; [ "$prev" = --mertdir ] && md=$a; prev=$a; done\n'
+                    'mkdir -p "$wd"; ls "$wd" > "$wd/../found"; echo "$@" > "$wd/args"; ls "$md" > "$wd/../mertdir"\n'
+                    '[ -x "$md/megam_i686.opt" ] && "$md/megam_i686.opt" -h > "$wd/../megam" 2>&1\n'
                     'printf "[weight]\\nLM0= 0.5\\n" > "$wd/moses.ini"\n')
     fake.chmod(0o755)
     work = tmp_path / "w"
@@ -347,32 +419,66 @@ def test_interrupted_mert_resumes_from_its_last_finished_iteration(tmp_path):
     (work / "data" / "dev.en").write_text("a\n")
     system = work / "systems" / "baseline"
     system.mkdir(parents=True)
-    (system / "moses.ini").write_text("[weight]\nLM0= 1\n")
+    (system / "moses.ini.filtered-dev").write_text("[weight]\nLM0= 1\n")
     corpus = tmp_path / "dev"  # the raw dev set, older than the prepared one
     for lang in ("en", "fr"):
         Path(f"{corpus}.{lang}").write_text("a\n")
         os.utime(f"{corpus}.{lang}", (1, 1))
-    old = ["-o", str(system / "moses.ini"), f"DEV={corpus}"]
-    (system / "run-3").mkdir()
-    (system / "run-3" / "tuned.ini").write_text("[weight]\nLM0= 0.1\n")  # tuned before the dev set changed
-    os.utime(system / "run-3" / "tuned.ini", (2, 2))
-    for run, finished in (("run-1", "4\n"), ("run-2", None), ("run-3", "10\n")):
-        mert = system / run / "mert"
+    old = ["-o", str(system / "moses.ini.filtered-dev"), f"DEV={corpus}"]
+    run3 = system / f"{tuner}-3"
+    run3.mkdir()
+    (run3 / "tuned.ini").write_text("[weight]\nLM0= 0.1\n")  # tuned before the dev set changed
+    os.utime(run3 / "tuned.ini", (2, 2))
+    for k, finished in ((1, "4\n"), (2, None), (3, "10\n")):
+        run = system / f"{tuner}-{k}"
+        mert = run / "mert"
         mert.mkdir(parents=True)
         (mert / "run1.features.dat").write_text("x\n")
-        (system / run / "mert.log").write_text("the first 4 iterations\n")
+        (run / "mert.log").write_text("the first 4 iterations\n")
         if finished:
             (mert / "finished_step.txt").write_text(finished)
-        r = _make(*old, str(system / run / "tuned.ini"), MOSES=str(moses), WORK=str(work))
+        r = _make(*old, str(run / "tuned.ini"), MOSES=str(moses), WORK=str(work), TUNER=tuner)
         assert r.returncode == 0, r.stdout + r.stderr
-        args, found = (mert / "args").read_text(), (system / run / "found").read_text().split()
-        assert (system / run / "tuned.ini").read_text() == "[weight]\nLM0= 0.5\n"
-        if run == "run-1":
+        args, found = (mert / "args").read_text(), (run / "found").read_text().split()
+        assert (run / "tuned.ini").read_text() == "[weight]\nLM0= 0.5\n"
+        if k == 1:
             assert "--continue" in args and "run1.features.dat" in found
-            assert (system / run / "mert.log.4").read_text() == "the first 4 iterations\n"  # the log kept
+            assert (run / "mert.log.4").read_text() == "the first 4 iterations\n"  # the log kept
         else:
             assert "--continue" not in args and found == []
-        assert f"-r {run[-1]}" in args
+        assert "--no-filter-phrase-table" in args and "moses.ini.filtered-dev" in args
+        flags = {"mert": f"--mertmertargs -r {k} ", "kbmira": f"--batch-mira --batch-mira-args -r {k} ",
+                 "pro": f"--pairwise-ranked --proargs -r {k} "}[tuner]
+        assert flags in args
+        for other in {"mert": "--mertmertargs", "kbmira": "--batch-mira", "pro": "--pairwise-ranked"}.values():
+            assert (other in args) == (other in flags)
+        if tuner == "pro":  # Moses's optimiser binaries beside a megam that runs pipelines/megam.py
+            assert set((run / "mertdir").read_text().split()) == {"extractor", "mert", "pro", "kbmira", "evaluator",
+                                                                  "megam_i686.opt"}
+            assert "usage" in (run / "megam").read_text().lower()
+        else:
+            assert f"--mertdir {moses}/bin " in args
+
+
+@pytest.mark.parametrize("tuner,flag", [("mert", '--mertmertargs "-r 2 -m 5"'),
+                                        ("kbmira", '--batch-mira --batch-mira-args "-r 2 -m 5"'),
+                                        ("pro", '--pairwise-ranked --proargs "-r 2 -m 5"')])
+def test_dry_run_per_tuner(tmp_path, tuner, flag):
+    """TUNER picks mert-moses.pl's optimiser: its options, the seed, TUNER_ARGS, the runs' folders,
+    the report's tuner; anything else is refused in one line."""
+    w = tmp_path / "w"
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    assert plan.count("mert-moses.pl") == 12 and plan.count(flag) == 4
+    for system in mt.SYSTEMS:
+        assert f"{w}/systems/{system}/{tuner}-3/tuned.ini" in plan
+    assert f"--tuner {tuner} " in plan and f"{w}/report.{tuner}.png" in plan
+    assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
+    assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
+    assert r.returncode != 0 and "SCORE_SCOPE must be all or devtest, not some" in r.stderr
 
 
 def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
