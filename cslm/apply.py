@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from moses_rnn.errors import UserError
 from moses_rnn.textio import InputError, atomic_output, iter_lines
 from moses_rnn.vocab import BOS, EOS
 
@@ -130,7 +131,7 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
     with a self-normalised model (tokens backed off to KenLM keep their value).
     """
     if log_z and not hasattr(backend, "score_sentences_log_z"):
-        raise ValueError("ln Z statistics need the model in process (not --server)")
+        raise UserError("ln Z statistics need the model in process (not --server)")
     if isinstance(kenlm, str):
         from .engine import KenLMBackoff
 

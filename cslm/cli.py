@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from moses_rnn.cliutil import fail_cleanly, require_model_dir
+from moses_rnn.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 
 def _threads(n):
@@ -58,23 +58,26 @@ def main():
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
 @click.option("--vocab-size", type=int, help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
-@click.option("--max-epochs", default=100, show_default=True)
-@click.option("--max-minutes", type=float, help="Stop after this much wall-clock time (resumable).")
-@click.option("--patience", default=10, show_default=True, help="Stop after this many epochs without held-out improvement.")
-@click.option("--valid-fraction", default=0.001, show_default=True, help="Share of sentences held out.")
-@click.option("--epoch-ngrams", type=int, help="N-grams per epoch [one pass over the corpus].")
+@click.option("--max-epochs", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time (resumable).")
+@click.option("--patience", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Stop after this many epochs without held-out improvement.")
+@click.option("--valid-fraction", type=Number(min=0, max=1), default=0.001, show_default=True,
+              help="Share of sentences held out.")
+@click.option("--epoch-ngrams", type=click.IntRange(min=1), help="N-grams per epoch [one pass over the corpus].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, bfloat16 where native (see README).")
-@click.option("--batch-size", type=int, help="N-grams per update [fast 1024, paper 256].")
+@click.option("--batch-size", type=click.IntRange(min=1), help="N-grams per update [fast 1024, paper 256].")
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
               help="auto: bfloat16 autocast where the hardware has it [fast auto, paper fp32].")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "sgd"]))
-@click.option("--lr", type=float, help="Learning rate [adam 1e-3, sgd 0.05].")
-@click.option("--self-norm", default=0.0, show_default=True,
+@click.option("--lr", type=Number(min=0), help="Learning rate [adam 1e-3, sgd 0.05].")
+@click.option("--self-norm", type=Number(min=0), default=0.0, show_default=True,
               help="Weight alpha of the alpha*(log Z)^2 self-normalisation penalty (Devlin et al., 2014).")
-@click.option("--seed", default=1, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
-@click.option("--threads", type=int, help="CPU threads [tuned while training].")
+@click.option("--seed", type=SEED, default=1, show_default=True)
+@click.option("--device", default="auto", show_default=True, callback=check_device,
+              help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--threads", type=THREADS, help="CPU threads [tuned while training].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
@@ -104,8 +107,8 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--log-z", is_flag=True,
               help="Also report ln Z(h) over the text's n-grams (mean, sd, percentiles, mean |ln Z|) and the "
                    "perplexity of the unnormalised scores o_w used as log-probabilities (self-normalisation).")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--threads", type=int)
+@click.option("--device", default="auto", show_default=True, callback=check_device)
+@click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
 def eval_(model_dir, text, kenlm, backoff, log_z, device, threads, quiet):
@@ -153,8 +156,8 @@ def _split_paths(paths, server, what):
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--threads", type=int)
+@click.option("--device", default="auto", show_default=True, callback=check_device)
+@click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
 def score(paths, output, server, ngrams, per_word, kenlm, self_normalized, device, threads, quiet):
@@ -181,8 +184,8 @@ def score(paths, output, server, ngrams, per_word, kenlm, self_normalized, devic
 @click.option("--feature", default="CSLM0", show_default=True, help="Feature name (Moses: NAME= values).")
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--threads", type=int)
+@click.option("--device", default="auto", show_default=True, callback=check_device)
+@click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
 def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet):
@@ -200,18 +203,24 @@ def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet)
 @main.command()
 @click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: all interfaces).")
-@click.option("--port", default=5555, show_default=True, help="TCP port (0: any free port, printed on stderr).")
-@click.option("--max-batch", default=8192, show_default=True, help="Most n-grams scored in one engine call.")
-@click.option("--max-delay-us", default=200, show_default=True, help="Longest wait for other requests to join a batch (microseconds).")
-@click.option("--cache-size", default=1_000_000, show_default=True, help="N-gram cache entries (0: no cache).")
-@click.option("--max-frame", default=16 << 20, show_default=True, help="Largest request payload accepted (bytes).")
-@click.option("--idle-timeout", default=300.0, show_default=True, help="Close connections silent this long (seconds).")
+@click.option("--port", type=click.IntRange(0, 65535), default=5555, show_default=True,
+              help="TCP port (0: any free port, printed on stderr).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Most n-grams scored in one engine call.")
+@click.option("--max-delay-us", type=click.IntRange(min=0), default=200, show_default=True,
+              help="Longest wait for other requests to join a batch (microseconds).")
+@click.option("--cache-size", type=click.IntRange(min=0), default=1_000_000, show_default=True,
+              help="N-gram cache entries (0: no cache).")
+@click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
+              help="Largest request payload accepted (bytes).")
+@click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
+              help="Close connections silent this long (seconds).")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back-off mode: score unknown words with this n-gram model.")
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--threads", type=int, help="CPU threads for the engine [all cores].")
+@click.option("--device", default="auto", show_default=True, callback=check_device)
+@click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
 def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, kenlm,

@@ -15,6 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
+from moses_rnn.errors import UserError
+
 from . import protocol as P
 
 
@@ -33,7 +35,7 @@ class VocabularyMismatch(ConnectionError):
 def parse_address(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {addr!r}")
+        raise UserError(f"expected HOST:PORT, got {addr!r}")
     return host or "127.0.0.1", int(port)
 
 

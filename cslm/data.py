@@ -21,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from moses_rnn.errors import UserError
 from moses_rnn.textio import iter_lines
 from moses_rnn.vocab import BOS, EOS, UNK, Vocabulary
 
@@ -45,7 +46,7 @@ def scan_corpus(path: str, valid_fraction: float, seed: int) -> CorpusInfo:
     """First pass: count sentences, choose the held-out ones, count training words."""
     linenos = [ln for ln, line in iter_lines(path) if line.strip()]
     if len(linenos) < 2:
-        raise ValueError(f"{path}: needs at least 2 non-blank sentences to train, has {len(linenos)}")
+        raise UserError(f"{path}: needs at least 2 non-blank sentences to train, has {len(linenos)}")
     k = min(len(linenos) - 1, max(1, round(len(linenos) * valid_fraction)))
     rng = np.random.default_rng([seed, 0xDA7A])
     held = np.sort(np.asarray(linenos, np.int64)[rng.choice(len(linenos), size=k, replace=False)])
@@ -122,6 +123,6 @@ def stream_batches(path: str, vocab: Vocabulary, heldout_lines: np.ndarray, orde
                 step += 1
                 in_pass += 1
         if in_pass == 0:
-            raise ValueError(f"{path}: fewer training n-grams than one batch of {batch_size}")
+            raise UserError(f"{path}: fewer training n-grams than one batch of {batch_size}")
         per_pass = in_pass
         p += 1

@@ -51,6 +51,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from moses_rnn.errors import UserError
 from moses_rnn.runtime import resolve_device
 from moses_rnn.vocab import BOS, EOS, Vocabulary
 
@@ -69,7 +70,7 @@ class KenLMBackoff:
         try:
             import kenlm
         except ImportError:  # pragma: no cover - depends on the installation
-            raise ImportError("back-off mode needs the kenlm package: pip install kenlm") from None
+            raise UserError("back-off mode needs the kenlm package: pip install kenlm") from None
         self._kenlm = kenlm
         self.path = path
         self.model = kenlm.Model(path)

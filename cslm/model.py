@@ -20,6 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from moses_rnn.errors import UserError
+
 
 @dataclass
 class CSLMConfig:
@@ -28,6 +30,20 @@ class CSLMConfig:
     embed: int = 512  # projection of each history word
     hidden: tuple[int, ...] = field(default_factory=lambda: (1536, 1024))
     init_range: float = 0.01
+
+    def __post_init__(self) -> None:
+        """Every field checked (a config may come from a file): a UserError names the first bad one."""
+        for name, least in (("vocab_size", 4), ("order", 2), ("embed", 1)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < least:
+                raise UserError(f"`{name}` must be an integer of at least {least}, not {value!r}")
+        if not isinstance(self.hidden, (list, tuple)) or not self.hidden \
+                or not all(_is_int(h) and h >= 1 for h in self.hidden):
+            raise UserError(f"`hidden` must be a list of layer sizes of at least 1, not {self.hidden!r}")
+        self.hidden = tuple(self.hidden)
+        r = self.init_range
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 <= r < float("inf"):
+            raise UserError(f"`init_range` must be a finite number of at least 0, not {r!r}")
 
     @property
     def context(self) -> int:
@@ -40,13 +56,11 @@ class CSLMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CSLMConfig":
-        known = {k: d[k] for k in ("vocab_size", "order", "embed", "hidden", "init_range") if k in d}
-        if "hidden" in known:
-            known["hidden"] = tuple(int(h) for h in known["hidden"])
-        cfg = cls(**known)
-        if cfg.order < 2 or cfg.vocab_size < 4 or cfg.embed < 1 or not cfg.hidden:
-            raise ValueError(f"invalid CSLM configuration: {d}")
-        return cfg
+        return cls(**{k: d[k] for k in ("vocab_size", "order", "embed", "hidden", "init_range") if k in d})
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # paper: the sizes of Sec. 4.1.2. small: trains on a few CPU cores in minutes to

@@ -44,18 +44,17 @@ def save_weights(model_dir: str, model: CSLM, meta: dict | None = None) -> None:
 
 
 def read_config(model_dir: str) -> tuple[CSLMConfig, dict]:
-    config, meta = modeldir.read_config(model_dir, FORMAT)
-    return CSLMConfig.from_dict(config), meta
+    return modeldir.read_config(model_dir, FORMAT, CSLMConfig.from_dict)
 
 
-def load_vocab(model_dir: str) -> Vocabulary:
-    return Vocabulary.load(os.path.join(model_dir, VOCAB))
+def load_vocab(model_dir: str, size: int | None = None) -> Vocabulary:
+    """The shortlist; with `size` (the config's), it must have that many words (else a ModelError)."""
+    return modeldir.load_vocab(model_dir, VOCAB, size)
 
 
 def load(model_dir: str, device: str | torch.device = "cpu") -> LoadedCSLM:
+    """Every file of a CSLM directory, checked by `moses_rnn.modeldir` (a ModelError naming the bad one)."""
     cfg, meta = read_config(model_dir)
-    vocab = load_vocab(model_dir)
-    if len(vocab) != cfg.vocab_size:
-        raise ValueError(f"{model_dir}: {VOCAB} has {len(vocab)} words, the config says {cfg.vocab_size}")
-    model = modeldir.load_weights(model_dir, CSLM(cfg), device)
+    vocab = load_vocab(model_dir, cfg.vocab_size)
+    model = modeldir.load_weights(model_dir, lambda: CSLM(cfg), device)
     return LoadedCSLM(model, vocab, cfg, meta)

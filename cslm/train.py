@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from moses_rnn.errors import UserError
 from moses_rnn.trainer import Trainer, apply_recipe
 
 from . import modeldir
@@ -100,7 +101,7 @@ class NgramTrainer(Trainer):
         self.info = info = scan_corpus(self.data, cfg.valid_fraction, cfg.seed)
         if self.resumed:
             self.model_cfg, _ = modeldir.read_config(self.model_dir)
-            self.vocab = modeldir.load_vocab(self.model_dir)
+            self.vocab = modeldir.load_vocab(self.model_dir, self.model_cfg.vocab_size)
         else:
             self.model_cfg = preset_config(cfg.preset, cfg.vocab_size)
             self.vocab = build_vocab(info.counts, self.model_cfg.vocab_size)
@@ -110,7 +111,7 @@ class NgramTrainer(Trainer):
         self.valid = heldout_ngrams(self.data, self.vocab, info.heldout_lines, self.model_cfg.order)
         per_pass = info.train_ngrams // cfg.batch_size
         if per_pass == 0:
-            raise ValueError(f"{self.data}: {info.train_ngrams} training n-grams, fewer than one batch of "
+            raise UserError(f"{self.data}: {info.train_ngrams} training n-grams, fewer than one batch of "
                              f"{cfg.batch_size}")
         steps_per_epoch = max(1, min(per_pass, (cfg.epoch_ngrams or info.train_ngrams) // cfg.batch_size))
         self.max_steps = cfg.max_epochs * steps_per_epoch

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .analyze import _pyplot, save_figure
+from .errors import UserError
 from .generate import Generator
 from .vocab import EOS
 
@@ -28,10 +29,10 @@ def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5
     """alpha of (source, target); with no target, of the model's beam-search translation."""
     model = loaded.model
     if not model.has_attention:
-        raise ValueError(f"a {loaded.config.arch!r} model has no alignment; train with --arch rnnsearch")
+        raise UserError(f"a {loaded.config.arch!r} model has no alignment; train with --arch rnnsearch")
     src_words = source.split()
     if not src_words:
-        raise ValueError("empty source sentence")
+        raise UserError("empty source sentence")
     if target is None:
         target = Generator(loaded).beam_search([source], beam=beam)[0][0].text
     tgt_words = target.split()

@@ -29,6 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .errors import UserError
 from .phrasetable import read_phrase_table
 from .textio import InputError, atomic_output
 
@@ -209,7 +210,7 @@ def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int =
     """Figure 3 as PNG; returns the number of pairs, points drawn and the correlations."""
     x, y, n = sample_scores(table, tm_column, rnn_column, max_points, seed)
     if len(x) == 0:
-        raise ValueError(f"{table}: no phrase pairs")
+        raise InputError(table, None, "no phrase pairs")
     pearson = float(np.corrcoef(x, y)[0, 1]) if len(x) > 1 and x.std() > 0 and y.std() > 0 else float("nan")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
@@ -235,7 +236,7 @@ def tsne_2d(vectors: np.ndarray, seed: int = 1, perplexity: float = 30.0) -> np.
 
     n = len(vectors)
     if n < 3:
-        raise ValueError(f"t-SNE needs at least 3 points, got {n}")
+        raise UserError(f"t-SNE needs at least 3 points, got {n}")
     perplexity = min(perplexity, (n - 1) / 3)  # scikit-learn requires perplexity < n
     return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(
         np.asarray(vectors, dtype=np.float32)
@@ -355,7 +356,7 @@ def phrase_map(loaded, table: str, output: str, phrases: int = 1000, labels: int
     """Figure 5: t-SNE map of the representations of the table's most frequent long source phrases."""
     chosen = long_sources(table, min_words, phrases)
     if len(chosen) < 3:
-        raise ValueError(f"{table}: only {len(chosen)} source phrases of {min_words} or more words")
+        raise InputError(table, None, f"only {len(chosen)} source phrases of {min_words} or more words")
     vecs = phrase_vectors(loaded, chosen)
     points = tsne_2d(vecs, seed)
     drawn = labelled_map(points, chosen, output, f"Phrase representations (t-SNE, {len(chosen)} source phrases "
@@ -368,7 +369,7 @@ def training_history(model_dir: str) -> list[dict]:
     dicts with step, train_seconds, examples_seen, valid_ppl. Works for both networks."""
     from .modeldir import load_checkpoint
 
-    return list(load_checkpoint(model_dir)["loop"]["history"])
+    return list(load_checkpoint(model_dir)["loop"].get("history", []))
 
 
 def training_curves(runs: Sequence[tuple[str, list[dict]]], output: str, title: str = "Held-out perplexity",
@@ -382,7 +383,7 @@ def training_curves(runs: Sequence[tuple[str, list[dict]]], output: str, title: 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, history in runs:
         if not history:
-            raise ValueError(f"run {label!r} has no held-out evaluation yet")
+            raise UserError(f"run {label!r} has no held-out evaluation yet")
         ax.plot([h["train_seconds"] / 60 for h in history], [h["valid_ppl"] for h in history], marker="o",
                 markersize=3, label=label)
     if reference is not None:

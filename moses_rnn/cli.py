@@ -8,7 +8,7 @@ import os
 import click
 
 from . import __version__
-from .cliutil import fail_cleanly, require_model_dir
+from .cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 
 def default_output(table: str, suffix: str = "rnn") -> str:
@@ -34,22 +34,26 @@ def main():
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: Cho et al.'s training exactly (64 pairs, Adadelta, full softmax, float32). fast: 128 "
                    "equal-length pairs, Adam, sampled softmax, bfloat16 where native (see README).")
-@click.option("--max-steps", default=20000, show_default=True, help="Stop after this many updates.")
-@click.option("--max-minutes", type=float, help="Stop after this much wall-clock time.")
-@click.option("--batch-size", type=int, help="Pairs per update [recipe's: fast 128, paper 64].")
+@click.option("--max-steps", type=click.IntRange(min=0), default=20000, show_default=True,
+              help="Stop after this many updates.")
+@click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Pairs per update [recipe's: fast 128, paper 64].")
 @click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="[recipe's: fast adam, paper adadelta].")
-@click.option("--lr", type=float, help="Learning rate [recipe's: fast (adam) 2e-3, paper (adadelta) 1.0].")
-@click.option("--sampled-softmax", type=int,
+@click.option("--lr", type=Number(min=0), help="Learning rate [recipe's: fast (adam) 2e-3, paper (adadelta) 1.0].")
+@click.option("--sampled-softmax", type=click.IntRange(min=0),
               help="Softmax candidates per batch during training, 0 for the full shortlist [fast 2048, paper 0].")
 @click.option("--bucket/--no-bucket", default=None, help="Batches of equal-length pairs [fast: on, paper: off].")
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
               help="auto: bfloat16 autocast where the hardware has it [fast auto, paper fp32].")
-@click.option("--valid-pairs", default=1000, show_default=True, help="Held-out pairs for perplexity.")
-@click.option("--eval-every", default=500, show_default=True, help="Steps between held-out evaluations and checkpoints.")
-@click.option("--clip", type=float, help="Gradient-norm clipping threshold, 0 for none [fast 1.0, paper 0].")
-@click.option("--seed", default=1, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
-@click.option("--threads", type=int, help="CPU threads [tuned while training; 1 for models smaller than `small`].")
+@click.option("--valid-pairs", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Held-out pairs for perplexity.")
+@click.option("--eval-every", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Steps between held-out evaluations and checkpoints.")
+@click.option("--clip", type=Number(min=0), help="Gradient-norm clipping threshold, 0 for none [fast 1.0, paper 0].")
+@click.option("--seed", type=SEED, default=1, show_default=True)
+@click.option("--device", default="auto", show_default=True, callback=check_device,
+              help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--threads", type=THREADS, help="CPU threads [tuned while training; 1 for models smaller than `small`].")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
@@ -79,16 +83,19 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
 @click.option("--normalize", is_flag=True, help="Divide log p by the number of target symbols (words + </s>).")
 @click.option("--unknown/--no-unknown", default=False, show_default=True,
               help="Also append the count of words outside the shortlists (word-penalty feature).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
+@click.option("--device", default="auto", show_default=True, callback=check_device,
+              help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "auto"]),
               help="fp32: exact. bf16: bfloat16 matrix products (GPUs, CPUs with AVX-512 BF16 or AMX; an error "
                    "elsewhere), log p within a few hundredths, see docs/scoring.md. auto: bf16 where native.")
-@click.option("--threads", type=int, help="CPU threads [all cores, shared by torchrun's local processes; "
+@click.option("--threads", type=THREADS, help="CPU threads [all cores, shared by torchrun's local processes; "
                                           "1 for models smaller than `small`].")
-@click.option("--workers", type=int,
+@click.option("--workers", type=click.IntRange(min=1),
               help="Scoring processes [all cores for models smaller than `small` on CPU and tables over 8 MB; else 1].")
-@click.option("--window", default=8192, show_default=True, help="Lines read and scored together.")
-@click.option("--token-budget", default=16384, show_default=True, help="Source words per encoder batch.")
+@click.option("--window", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Lines read and scored together.")
+@click.option("--token-budget", type=click.IntRange(min=1), default=16384, show_default=True,
+              help="Source words per encoder batch.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def score(table, model_dir, output, normalize, unknown, device, dtype, threads, workers, window, token_budget, quiet):
@@ -184,7 +191,7 @@ def ini_set(moses_ini, name, assignments, output):
         for a in assignments:
             key, eq, value = a.partition("=")
             if not eq or not key:
-                raise ValueError(f"expected KEY=VALUE, got {a!r}")
+                raise click.UsageError(f"expected KEY=VALUE, got {a!r}")
             cfg.set_param(name, key, value)
 
     _ini_edit(moses_ini, output, edit)
@@ -221,12 +228,14 @@ _generation_options = [
     click.option("-i", "--input", "input_file", type=click.Path(dir_okay=False, allow_dash=True),
                  help="File of source phrases, one per line ('-' for stdin)."),
     click.option("-o", "--output", default="-", show_default=True, help="Output file ('-' for stdout)."),
-    click.option("--len-ratio", default=2.0, show_default=True,
+    click.option("--len-ratio", type=Number(min=0), default=2.0, show_default=True,
                  help="Longest target: LEN_RATIO x source words + LEN_EXTRA."),
     click.option("--len-extra", default=3, show_default=True),
     click.option("--no-unk", is_flag=True, help="Never generate the unknown-word symbol."),
-    click.option("--batch", default=64, show_default=True, help="Source phrases decoded together."),
-    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N."),
+    click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
+                 help="Source phrases decoded together."),
+    click.option("--device", default="auto", show_default=True, callback=check_device,
+                 help="auto, cpu, cuda or cuda:N."),
     click.option("--quiet", is_flag=True, help="No progress bar."),
 ]
 
@@ -241,8 +250,9 @@ def _with_generation_options(fn):
 @click.argument("phrases", nargs=-1)
 @_with_generation_options
 @click.option("-n", "--samples", default=50, show_default=True, help="Samples drawn per source phrase.")
-@click.option("--top", default=5, show_default=True, help="Distinct targets listed per phrase (0: all).")
-@click.option("--seed", default=1, show_default=True)
+@click.option("--top", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Distinct targets listed per phrase (0: all).")
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--tsv", is_flag=True, help="Tab-separated source, target, count, log p.")
 @fail_cleanly
 def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
@@ -303,7 +313,7 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, help="PNG file.")
 @click.option("-k", "--beam", default=5, show_default=True, help="Beam width when TARGET is not given.")
-@click.option("--device", default="auto", show_default=True)
+@click.option("--device", default="auto", show_default=True, callback=check_device)
 @fail_cleanly
 def align(source, target, model_dir, output, beam, device):
     """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
@@ -339,11 +349,13 @@ def _with_columns(fn):
 @_with_columns
 @click.option("-o", "--output", default="-", show_default=True, help="Markdown file ('-' for stdout).")
 @click.option("--min-words", default=4, show_default=True, help="Shortest source phrase considered.")
-@click.option("--per-group", default=5, show_default=True, help="Source phrases per group (frequent, rare).")
-@click.option("--top", default=3, show_default=True, help="Targets listed per column.")
-@click.option("--rare-max", default=2.0, show_default=True, help="Largest count(source) that is 'rare'.")
+@click.option("--per-group", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Source phrases per group (frequent, rare).")
+@click.option("--top", type=click.IntRange(min=0), default=3, show_default=True, help="Targets listed per column.")
+@click.option("--rare-max", type=Number(min=0), default=2.0, show_default=True,
+              help="Largest count(source) that is 'rare'.")
 @click.option("--min-targets", default=2, show_default=True, help="Skip sources with fewer targets.")
-@click.option("--seed", default=1, show_default=True, help="Seed of the random pick of rare phrases.")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="Seed of the random pick of rare phrases.")
 @fail_cleanly
 def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, top, rare_max, min_targets, seed):
     """Table 2: top targets by the translation model and by the RNN, for long phrases of a scored TABLE."""
@@ -379,8 +391,9 @@ def analyze_curves(model_dirs, output, labels, title, reference):
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @_with_columns
 @click.option("-o", "--output", required=True, help="PNG file.")
-@click.option("--max-points", default=50000, show_default=True, help="Pairs drawn (a uniform sample).")
-@click.option("--seed", default=1, show_default=True)
+@click.option("--max-points", type=click.IntRange(min=1), default=50000, show_default=True,
+              help="Pairs drawn (a uniform sample).")
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @fail_cleanly
 def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
     """Figure 3: RNN log p against translation-model log p for the pairs of a scored TABLE."""
@@ -393,11 +406,13 @@ def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
 @analyze.command("words")
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, help="PNG file.")
-@click.option("--words", default=1000, show_default=True, help="Most frequent shortlist words mapped.")
-@click.option("--labels", default=150, show_default=True, help="Most labels drawn (never overlapping).")
+@click.option("--words", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Most frequent shortlist words mapped.")
+@click.option("--labels", type=click.IntRange(min=0), default=150, show_default=True,
+              help="Most labels drawn (never overlapping).")
 @click.option("--side", default="source", show_default=True, type=click.Choice(["source", "target"]))
 @click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
-@click.option("--seed", default=1, show_default=True)
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @fail_cleanly
 def analyze_words(model_dir, output, words, labels, side, vectors, seed):
     """Figure 4: a 2-D t-SNE map of the model's word embeddings."""
@@ -412,11 +427,13 @@ def analyze_words(model_dir, output, words, labels, side, vectors, seed):
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, help="PNG file.")
-@click.option("--phrases", default=1000, show_default=True, help="Most frequent long source phrases mapped.")
-@click.option("--labels", default=60, show_default=True, help="Most labels drawn (never overlapping).")
+@click.option("--phrases", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Most frequent long source phrases mapped.")
+@click.option("--labels", type=click.IntRange(min=0), default=60, show_default=True,
+              help="Most labels drawn (never overlapping).")
 @click.option("--min-words", default=4, show_default=True)
 @click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
-@click.option("--seed", default=1, show_default=True)
+@click.option("--seed", type=SEED, default=1, show_default=True)
 @fail_cleanly
 def analyze_phrases(table, model_dir, output, phrases, labels, min_words, vectors, seed):
     """Figure 5: a 2-D t-SNE map of the representations of TABLE's long source phrases."""

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import functools
+import math
 import signal
 import sys
 
 import click
 
+from .errors import UserError
 from .textio import GZIP_ERRORS, InputError
 
 # Errors that are the user's input or environment, not a bug: one line, no traceback.
-# OSError covers a missing or unreadable file, a full disk, a refused connection and a
-# bad gzip header; ImportError an optional package that is not installed (kenlm);
-# GZIP_ERRORS are a safety net for a stream read outside textio's readers (which
+# UserError is the project's own (bad input, options, model files: errors.py); OSError
+# covers a missing or unreadable file, a full disk, a refused connection and a bad gzip
+# header; GZIP_ERRORS are a safety net for a stream read outside textio's readers (which
 # already turn them into InputError): click would print a bare EOFError as "Aborted!".
-USER_ERRORS = (InputError, ValueError, OSError, ImportError, *GZIP_ERRORS)
+# Everything else is a bug and keeps its traceback.
+USER_ERRORS = (UserError, OSError, *GZIP_ERRORS)
 
 
 def fail_cleanly(fn):
-    """Bad input becomes a one-line error; SIGTERM exits through the atomic-output cleanup."""
+    """A user error becomes a one-line message (exit 1); SIGTERM exits through the atomic-output cleanup."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -31,12 +34,34 @@ def fail_cleanly(fn):
             if isinstance(e, GZIP_ERRORS) and not isinstance(e, InputError):
                 message = f"bad gzip input: {message}"
             raise click.ClickException(message) from None
-        except RuntimeError as e:  # one about an option ("--device cuda asked for, but ..."), not a bug
-            if str(e).startswith("--"):
-                raise click.ClickException(str(e)) from None
-            raise
 
     return wrapper
+
+
+def check_device(ctx, param, value: str) -> str:
+    """Click callback of every --device option: refuse a name that is no device (`runtime.check_device`)."""
+    from .runtime import check_device as check
+
+    try:
+        return check(value)
+    except UserError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+THREADS = click.IntRange(min=1)  # the type of every --threads option: 0 and negative counts are refused
+SEED = click.IntRange(min=0)  # numpy's generators take no negative seed
+
+
+class Number(click.FloatRange):
+    """A float option that must be a finite number within the range (click's FloatRange lets nan through)."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{number} is not a finite number", param, ctx)
+        return number
 
 
 def model_dir_kind(model_dir: str) -> str | None:

@@ -30,6 +30,7 @@ from typing import Sequence
 
 import torch
 
+from .errors import UserError
 from .modelio import LoadedModel
 from .vocab import EOS
 
@@ -65,7 +66,7 @@ class Generator:
         ids = [self.src_vocab.encode(s.split()) for s in sources]
         for i, s in enumerate(ids):
             if not s:
-                raise ValueError(f"source phrase {i + 1} is empty")
+                raise UserError(f"source phrase {i + 1} is empty")
         T = max(len(s) for s in ids)
         src = torch.zeros(len(ids), T, dtype=torch.long, device=self.device)
         mask = torch.zeros(len(ids), T, dtype=torch.bool, device=self.device)
@@ -106,7 +107,7 @@ class Generator:
     ) -> list[list[Hypothesis]]:
         """N samples per source; distinct targets ranked by log p, with their counts."""
         if n < 1:
-            raise ValueError("the number of samples must be at least 1")
+            raise UserError("the number of samples must be at least 1")
         ctx, lens = self._encode(sources)
         B = len(sources)
         rows = torch.arange(B, device=self.device).repeat_interleave(n)  # n copies of each source
@@ -163,7 +164,7 @@ class Generator:
         hypotheses or reaches its length limit (where only </s> is allowed).
         """
         if beam < 1 or not 1 <= n_best <= beam:
-            raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
+            raise UserError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
         K = beam
         ctx, lens = self._encode(sources)
         B, dev = len(sources), self.device

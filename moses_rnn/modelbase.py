@@ -21,6 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .errors import UserError
+
 ARCHS = ("encdec", "rnnsearch")
 
 
@@ -39,17 +41,22 @@ class ModelConfig:
     align: int = 0  # RNNsearch only: alignment-model hidden units (0: same as hidden); must be 0 for encdec
 
     def __post_init__(self) -> None:
+        """Every field checked (a config may come from a file): a UserError names the first bad one."""
         if self.arch not in ARCHS:
-            raise ValueError(f"unknown architecture {self.arch!r}; choose from {', '.join(ARCHS)}")
+            raise UserError(f"unknown architecture {self.arch!r}; choose from {', '.join(ARCHS)}")
+        for f in fields(self)[1:]:
+            value, least = getattr(self, f.name), 0 if f.name in ("out_rank", "align") else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise UserError(f"`{f.name}` must be an integer of at least {least}, not {value!r}")
         if self.arch != "rnnsearch" and self.align:
-            raise ValueError(f"`align` sizes the RNNsearch alignment model; an {self.arch!r} config must leave it 0")
+            raise UserError(f"`align` sizes the RNNsearch alignment model; an {self.arch!r} config must leave it 0")
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
-            raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+            raise UserError(f"unknown model config keys: {sorted(unknown)}")
         return cls(**d)
 
     def to_dict(self) -> dict:

@@ -10,19 +10,49 @@ replaced atomically (written beside, then renamed), so a reader never sees a
 half-written one and a killed run leaves the previous version in place.
 `moses_rnn.modelio` (the phrase models) and `cslm.modeldir` (the CSLM) add
 only their own config class, vocabulary files and model constructor.
+
+Loading checks every file here, once for both networks: a file that is damaged
+(cut short, empty, random bytes, a huge header), a config whose values are
+invalid or whose sizes do not fit the weights or vocabularies, and weights
+that are not finite all raise a `ModelError` naming the file, before any work
+starts and before a model of the config's size is allocated.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Callable, TypeVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
 
-from .textio import atomic_output
+from .errors import UserError
+from .textio import InputError, atomic_output
+from .vocab import Vocabulary
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint.pt"
+CHECKPOINT_KEYS = ("model", "optimizer", "loop", "train_config")  # each a dict
+
+T = TypeVar("T")
+
+
+class ModelError(InputError):
+    """A model directory's file that cannot be used: damaged, invalid, or not fitting the others."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(path, None, message)
+
+    def __reduce__(self):  # survives the trip back from a worker process
+        return (type(self), (self.path, self.message))
+
+
+def _brief(e: object, limit: int = 300) -> str:
+    """An exception's message (or any text) on one line, at most `limit` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def kind(model_dir: str) -> str | None:
@@ -59,8 +89,12 @@ def save(model_dir: str, model: torch.nn.Module, fmt: str, config: dict, meta: d
     write_json(os.path.join(model_dir, CONFIG), {"format": fmt, "model": config, "meta": meta or {}})
 
 
-def read_config(model_dir: str, fmt: str) -> tuple[dict, dict]:
-    """(the model's config dict, the training metadata) of a `fmt` model directory, with one-line errors."""
+def read_config(model_dir: str, fmt: str, parse: Callable[[dict], T]) -> tuple[T, dict]:
+    """(`parse` of the model's config dict, the training metadata) of a `fmt` model directory.
+
+    `parse` (a config class's from_dict) raises UserError for an invalid config; every
+    problem becomes a ModelError naming config.json.
+    """
     path = os.path.join(model_dir, CONFIG)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{model_dir}: not a model directory (no {CONFIG})")
@@ -68,20 +102,99 @@ def read_config(model_dir: str, fmt: str) -> tuple[dict, dict]:
         with open(path, encoding="utf-8") as f:
             blob = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+        raise ModelError(path, f"invalid JSON at line {e.lineno} ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ModelError(path, f"invalid UTF-8 ({e.reason})") from None
     found = kind(model_dir)
+    if found is None:
+        raise ModelError(path, 'not a model config (no "model" object)')
     if found != fmt:
-        raise ValueError(f"{path}: a {found!r} model directory, not a {fmt!r} one")
-    return blob["model"], blob.get("meta", {})
+        raise ModelError(path, f"a {found!r} model directory, not a {fmt!r} one")
+    meta = blob.get("meta", {})
+    if not isinstance(meta, dict):
+        raise ModelError(path, '"meta" is not an object')
+    try:
+        return parse(blob["model"]), meta
+    except UserError as e:
+        raise ModelError(path, f"invalid model config: {e}") from None
 
 
-def load_weights(model_dir: str, model: torch.nn.Module, device: str | torch.device = "cpu") -> torch.nn.Module:
-    """Load model.safetensors into `model`, move it to `device` and set it to evaluation mode."""
-    weights = os.path.join(model_dir, WEIGHTS)
-    if not os.path.exists(weights):
+def load_vocab(model_dir: str, name: str, size: int | None = None) -> Vocabulary:
+    """The vocabulary file `name` of a model directory; with `size` (the config's), it must have that many words."""
+    path = os.path.join(model_dir, name)
+    vocab = Vocabulary.load(path)
+    if size is not None and len(vocab) != size:
+        raise ModelError(path, f"{len(vocab)} words, but {CONFIG} says {size}")
+    return vocab
+
+
+def fit_state(path: str, build: Callable[[], torch.nn.Module], state: dict) -> torch.nn.Module:
+    """`build()`'s model holding `state` (parameter name -> tensor), read from the file `path`.
+
+    The one check of loaded weights, for every model the project loads (model.safetensors,
+    a checkpoint's model): every value a finite tensor, and the names and shapes those of the
+    model `build` makes from its config. Shapes are compared on the meta device first, so a
+    config that asks for a huge model allocates nothing. Any misfit is a ModelError naming `path`.
+    """
+    if not isinstance(state, dict):
+        raise ModelError(path, "holds no parameters")
+    for name, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise ModelError(path, f"{name!r} is not a tensor")
+        if not _finite(value):
+            raise ModelError(path, f"{name} holds NaN or infinite values")
+    with torch.device("meta"), _SkipInitialisers():
+        skeleton = build()
+    _load_state(path, skeleton, {name: value.to("meta") for name, value in state.items()})
+    model = build()
+    _load_state(path, model, state)
+    return model
+
+
+def _finite(t: torch.Tensor) -> bool:
+    """Whether every value of `t` is finite: its min and max are (NaN propagates), several times
+    faster than torch.isfinite(t).all() on the CPU."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return True
+    low, high = torch.aminmax(t)
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+
+
+_TENSOR_INITIALISERS = (torch.Tensor.normal_, torch.Tensor.uniform_)
+
+
+class _SkipInitialisers(TorchFunctionMode):
+    """Skips weight initialisers while a model is built on the meta device for its shapes: a meta
+    tensor has no values to fill, and torch's meta `normal_` imports its compiler (a second of start-up)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in _TENSOR_INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
+
+
+def _load_state(path: str, model: torch.nn.Module, state: dict) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:  # load_state_dict's one error: names or shapes that do not fit the model
+        problems = [line.strip() for line in str(e).splitlines()[1:] if line.strip()]  # after "Error(s) in ..."
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ModelError(path, f"does not fit {CONFIG}: {_brief(problems[0] if problems else e)}{more}") from None
+
+
+def load_weights(model_dir: str, build: Callable[[], torch.nn.Module],
+                 device: str | torch.device = "cpu") -> torch.nn.Module:
+    """`build()`'s model (built from the config) holding model.safetensors' weights (`fit_state`),
+    on `device`, in evaluation mode."""
+    path = os.path.join(model_dir, WEIGHTS)
+    if not os.path.exists(path):
         raise FileNotFoundError(f"{model_dir}: no {WEIGHTS} (has training saved once?)")
-    model.load_state_dict(load_file(weights, device="cpu"))
-    return model.to(device).eval()
+    try:
+        state = load_file(path, device="cpu")
+    except SafetensorError as e:  # cut short, empty, random bytes, a header too large
+        raise ModelError(path, f"not a readable safetensors file ({_brief(e)})") from None
+    return fit_state(path, build, state).to(device).eval()
 
 
 def save_checkpoint(model_dir: str, state: dict) -> None:
@@ -92,11 +205,19 @@ def save_checkpoint(model_dir: str, state: dict) -> None:
 
 
 def load_checkpoint(model_dir: str) -> dict:
-    """The training state; `weights_only` loading runs no code from the file."""
+    """The training state (a dict of CHECKPOINT_KEYS); `weights_only` loading runs no code from the file."""
     path = os.path.join(model_dir, CHECKPOINT)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{model_dir}: no {CHECKPOINT} to resume from")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise
+    except Exception as e:  # a damaged file fails in many ways: EOFError, RuntimeError (zip), UnpicklingError...
+        raise ModelError(path, f"not a readable training checkpoint ({_brief(e, 120)})") from None
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), dict) for k in CHECKPOINT_KEYS):
+        raise ModelError(path, f"not a training checkpoint (a dict of {', '.join(CHECKPOINT_KEYS)})")
+    return state
 
 
 def weight_count(model_dir: str) -> int:
@@ -107,10 +228,13 @@ def weight_count(model_dir: str) -> int:
     if not os.path.exists(weights):
         raise FileNotFoundError(f"{model_dir}: no {WEIGHTS}")
     total = 0
-    with safe_open(weights, framework="pt") as f:
-        for key in f.keys():
-            n = 1
-            for d in f.get_slice(key).get_shape():
-                n *= d
-            total += n
+    try:
+        with safe_open(weights, framework="pt") as f:
+            for key in f.keys():
+                n = 1
+                for d in f.get_slice(key).get_shape():
+                    n *= d
+                total += n
+    except SafetensorError as e:
+        raise ModelError(weights, f"not a readable safetensors file ({_brief(e)})") from None
     return total

@@ -58,21 +58,18 @@ def save_model(model_dir: str, model: torch.nn.Module, meta: dict | None = None)
 
 
 def read_config(model_dir: str) -> tuple[ModelConfig, dict]:
-    config, meta = modeldir.read_config(model_dir, FORMAT)
-    return ModelConfig.from_dict(config), meta
+    return modeldir.read_config(model_dir, FORMAT, ModelConfig.from_dict)
 
 
-def load_vocabularies(model_dir: str) -> tuple[Vocabulary, Vocabulary]:
-    return (Vocabulary.load(os.path.join(model_dir, SRC_VOCAB)), Vocabulary.load(os.path.join(model_dir, TGT_VOCAB)))
+def load_vocabularies(model_dir: str, cfg: ModelConfig) -> tuple[Vocabulary, Vocabulary]:
+    """The source and target shortlists, of the sizes `cfg` says (else a ModelError)."""
+    return (modeldir.load_vocab(model_dir, SRC_VOCAB, cfg.src_vocab),
+            modeldir.load_vocab(model_dir, TGT_VOCAB, cfg.tgt_vocab))
 
 
 def load_model(model_dir: str, device: str | torch.device = "cpu") -> LoadedModel:
+    """Every file of a phrase model's directory, checked by `modeldir` (a ModelError naming the bad one)."""
     cfg, meta = read_config(model_dir)
-    src_vocab, tgt_vocab = load_vocabularies(model_dir)
-    if (len(src_vocab), len(tgt_vocab)) != (cfg.src_vocab, cfg.tgt_vocab):
-        raise ValueError(
-            f"{model_dir}: vocabulary sizes {len(src_vocab)}/{len(tgt_vocab)} "
-            f"do not match the config's {cfg.src_vocab}/{cfg.tgt_vocab}"
-        )
-    model = modeldir.load_weights(model_dir, build_model(cfg), device)
+    src_vocab, tgt_vocab = load_vocabularies(model_dir, cfg)
+    model = modeldir.load_weights(model_dir, lambda: build_model(cfg), device)
     return LoadedModel(model, src_vocab, tgt_vocab, cfg, meta)

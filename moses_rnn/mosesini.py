@@ -16,9 +16,11 @@ names are checked: letters, digits and `-`/`.`, starting with a letter.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
+from .errors import UserError
 from .textio import InputError
 
 #: Feature types that are phrase tables (their scores are table columns).
@@ -44,7 +46,7 @@ _DEFAULT_SCORES = {
 }
 
 
-class IniError(ValueError):
+class IniError(UserError):
     """An edit that cannot be made, or a file that is not a usable moses.ini."""
 
 
@@ -115,8 +117,13 @@ class MosesIni:
 
     @classmethod
     def read(cls, path: str) -> "MosesIni":
-        with open(path, encoding="utf-8", newline="") as f:
-            return cls.parse(f.read(), path)
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(path, data.count(b"\n", 0, e.start) + 1, f"invalid UTF-8 ({e.reason})") from None
+        return cls.parse(text, path)
 
     def render(self) -> str:
         text = self.newline.join(self.lines)
@@ -199,10 +206,15 @@ class MosesIni:
         i = self._weight_line(name)
         if i is None:
             return None
-        return [float(w) for w in self.lines[i].split("=", 1)[1].split()]
+        try:
+            return [float(w) for w in self.lines[i].split("=", 1)[1].split()]
+        except ValueError:
+            raise IniError(f"[weight] line of {name} holds a weight that is not a number: {self.lines[i]!r}") from None
 
     # ---- edits -----------------------------------------------------------
     def _set_weights(self, name: str, weights: list[float]) -> None:
+        if not all(math.isfinite(w) for w in weights):
+            raise IniError(f"weights of {name} must be finite numbers, got {weights}")
         line = f"{name}= " + " ".join(_fmt(w) for w in weights)
         i = self._weight_line(name)
         if i is not None:

@@ -29,14 +29,29 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import UserError
+
+
+DEVICE_NAMES = "auto, cpu, cuda or cuda:N"
+
+
+def check_device(name: str) -> str:
+    """`name` if it is a device name the tools take (DEVICE_NAMES), else a UserError."""
+    kind, colon, index = name.partition(":")
+    if not (name in ("auto", "cpu", "cuda") or (kind == "cuda" and colon and index.isdigit())):
+        raise UserError(f"{name!r} is not a device: choose {DEVICE_NAMES}")
+    return name
+
 
 def resolve_device(name: str) -> torch.device:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> a torch.device that exists here."""
-    if name == "auto":
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' -> a torch.device that exists here (else a UserError)."""
+    if check_device(name) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
+        raise UserError("--device cuda asked for, but torch sees no CUDA device")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise UserError(f"--device {name} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s)")
     return dev
 
 
@@ -60,6 +75,8 @@ def configure_threads(device: torch.device, threads: int | None = None, config=N
     if threads is None:
         big = config is None or getattr(config, "hidden", 256) >= 256
         threads = cpu_count() if big else 1
+    if threads < 1:
+        raise UserError(f"--threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)
     return threads
 
@@ -104,7 +121,7 @@ def amp_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype | None:
         native = cpu_has_bf16()
     if dtype == "bf16":
         if device.type == "cpu" and not native:
-            raise RuntimeError("--dtype bf16 asked for, but this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
+            raise UserError("--dtype bf16 asked for, but this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
         return torch.bfloat16
     if dtype != "auto":
         raise ValueError(f"unknown dtype {dtype!r}; choose auto, bf16 or fp32")

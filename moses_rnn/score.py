@@ -52,6 +52,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from .errors import UserError
+from .modeldir import ModelError
 from .modelio import LoadedModel, load_model
 from .phrasetable import format_columns, parse_line, parse_window, phrase_key
 from .runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, resolve_device
@@ -131,7 +133,7 @@ def scoring_dtype(device: torch.device, dtype: str = "fp32") -> torch.dtype | No
         major, _ = torch.cuda.get_device_capability(device)
         if major < 8:
             if dtype == "bf16":
-                raise RuntimeError("--dtype bf16 asked for, but this GPU has no native bfloat16 "
+                raise UserError("--dtype bf16 asked for, but this GPU has no native bfloat16 "
                                    "(compute capability 8.0 or later)")
             return None
     return amp
@@ -353,11 +355,19 @@ def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data:
     """Parse, validate and score a window of raw table lines (`data`, whole lines).
 
     Returns the rewritten lines (columns appended to field 3, every other byte
-    kept), the number of lines and the number of distinct source phrases.
+    kept), the number of lines and the number of distinct source phrases. A
+    non-finite log p (a model that overflows) raises ModelError naming the model
+    and the line, so no `nan` is ever written.
     """
     window = parse_window(data, job.path, first_lineno, job.nscores)
     before = scorer.distinct_sources
     values = scorer.phrase_features(window.sources, window.targets, job.normalize, job.unknown)
+    finite = np.isfinite(values[:, 0])
+    if not finite.all():  # a model that overflows: never a `nan` column (the loader refuses non-finite weights)
+        line = first_lineno + int(np.argmin(finite))
+        raise ModelError(scorer.model_dir or "the model",
+                         f"gives a non-finite log-probability ({values[line - first_lineno, 0]}) "
+                         f"for {job.path}:{line}")
     return window.with_columns(format_columns(values)), len(window), scorer.distinct_sources - before
 
 
@@ -417,7 +427,7 @@ def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int
     if workers is None:
         workers = max(1, default_workers(dev, scorer.model.config, table) // local)
     if workers < 1:
-        raise ValueError(f"the number of worker processes must be at least 1, got {workers}")
+        raise UserError(f"the number of worker processes must be at least 1, got {workers}")
     return ScoringSetup(scorer, dev, used, workers, dist)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import score
+from .errors import UserError
 from .runtime import Distributed
 from .score import PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores
 from .textio import (InputError, after_newlines, atomic_output, count_lines, count_newlines, is_gzip,
@@ -144,7 +145,7 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
     others, whose temporaries are removed on the way out.
     """
     if table == "-" or output == "-":
-        raise ValueError("sharded scoring (torchrun) needs a table file and an output file, not '-'")
+        raise UserError("sharded scoring (torchrun) needs a table file and an output file, not '-'")
     start = time.perf_counter()
     board = _Board(dist)
     part = sibling_temporary(output, f"part{dist.rank}")

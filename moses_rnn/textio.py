@@ -36,6 +36,8 @@ from typing import BinaryIO, Iterator
 import numpy as np
 from isal import igzip_threaded, isal_zlib
 
+from .errors import UserError
+
 GZIP_MAGIC = b"\x1f\x8b"
 
 # What the decompressors raise on a cut or damaged stream: EOFError (ended
@@ -192,7 +194,7 @@ def after_newlines(path: str, offset: int, k: int) -> int:
     return pos
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """Bad input: carries the file and line number it was found at (None: about the file as a whole)."""
 
     def __init__(self, path: str, lineno: int | None, message: str):

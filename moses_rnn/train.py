@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from . import modelio
+from .errors import UserError
 from .modelbase import preset_config, preset_vocab
 from .modelio import build_model
 from .phrasetable import read_phrase_table
@@ -273,7 +274,7 @@ class PairTrainer(Trainer):
         pairs = read_unique_pairs(self.data)
         if self.resumed:
             self.model_cfg, _ = modelio.read_config(self.model_dir)
-            self.src_vocab, self.tgt_vocab = modelio.load_vocabularies(self.model_dir)
+            self.src_vocab, self.tgt_vocab = modelio.load_vocabularies(self.model_dir, self.model_cfg)
         else:
             self.src_vocab, self.tgt_vocab = build_vocabularies(
                 self.data, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
@@ -282,7 +283,7 @@ class PairTrainer(Trainer):
             self.model_cfg = preset_config(cfg.preset, len(self.src_vocab), len(self.tgt_vocab), cfg.arch)
         self.corpus = load_corpus(self.data, self.src_vocab, self.tgt_vocab, pairs)
         if len(self.corpus) < 2:
-            raise ValueError(f"{self.data}: needs at least 2 distinct phrase pairs to train, has {len(self.corpus)}")
+            raise UserError(f"{self.data}: needs at least 2 distinct phrase pairs to train, has {len(self.corpus)}")
         self.train_idx, self.valid_idx = split_indices(len(self.corpus), cfg.valid_pairs, cfg.seed)
         if cfg.bucket:
             self.order = BucketedBatches(self.corpus, self.train_idx, cfg.batch_size, cfg.seed)

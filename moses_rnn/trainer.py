@@ -73,7 +73,11 @@ class Trainer:
         self.state = None
         if resume:
             self.state = modeldir.load_checkpoint(model_dir)
-            saved = type(cfg)(**self.state["train_config"])
+            try:
+                saved = type(cfg)(**self.state["train_config"])
+            except (TypeError, ValueError) as e:  # unknown fields, an unknown recipe
+                raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
+                                          f"its train_config does not fit this version ({e})") from None
             for name in RUN_CONTROL:
                 if hasattr(cfg, name):
                     setattr(saved, name, getattr(cfg, name))
@@ -145,13 +149,16 @@ class Trainer:
         self.prepare()
         tuner = ThreadTuner(self.device, choose_threads(self.device, cfg.threads, self.big_model(), dist.local_world))
         torch.manual_seed(cfg.seed)
-        model = self.build_model()
+        if self.state is None:
+            model = self.build_model()
+        else:  # the checkpoint's weights, checked against the model's config
+            model = modeldir.fit_state(os.path.join(self.model_dir, modeldir.CHECKPOINT), self.build_model,
+                                       self.state["model"])
         model.to(self.device).train()
         optimizer = self.build_optimizer(model)
         loop = {"step": 0, "best_valid_ppl": math.inf, "since_best": 0, "history": [], "train_seconds": 0.0,
                 "examples_seen": 0, "saved": False}
         if self.state is not None:
-            model.load_state_dict(self.state["model"])
             optimizer.load_state_dict(self.state["optimizer"])
             loop.update(self.state["loop"])
         objective = self.build_objective(model)

@@ -14,6 +14,8 @@ import hashlib
 from collections import Counter
 from typing import Iterable, Sequence
 
+from .errors import UserError
+
 UNK = "[UNK]"
 EOS = "</s>"
 BOS = "<s>"
@@ -23,9 +25,9 @@ class Vocabulary:
     def __init__(self, words: Sequence[str], counts: Sequence[int] | None = None, unk: str = UNK):
         if len(set(words)) != len(words):
             dup = next(w for w, c in Counter(words).items() if c > 1)
-            raise ValueError(f"vocabulary has a duplicate entry: {dup!r}")
+            raise UserError(f"vocabulary has a duplicate entry: {dup!r}")
         if unk not in words:
-            raise ValueError(f"vocabulary lacks the unknown-word symbol {unk!r}")
+            raise UserError(f"vocabulary lacks the unknown-word symbol {unk!r}")
         self.words: list[str] = list(words)
         self.counts: list[int] = list(counts) if counts is not None else [0] * len(words)
         self.index: dict[str, int] = {w: i for i, w in enumerate(self.words)}
@@ -37,7 +39,7 @@ class Vocabulary:
     def build(cls, counts: Counter, size: int, reserved: Sequence[str] = (EOS, UNK)) -> "Vocabulary":
         """Shortlist of the `size` most frequent words, reserved symbols included in `size`."""
         if size <= len(reserved):
-            raise ValueError(f"vocabulary size {size} leaves no room beside {len(reserved)} reserved symbols")
+            raise UserError(f"vocabulary size {size} leaves no room beside {len(reserved)} reserved symbols")
         ranked = sorted((w for w in counts if w not in reserved), key=lambda w: (-counts[w], w))
         kept = ranked[: size - len(reserved)]
         return cls(list(reserved) + kept, [0] * len(reserved) + [counts[w] for w in kept])
@@ -76,16 +78,22 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path: str, unk: str = UNK) -> "Vocabulary":
+        """Read a saved vocabulary; anything else is an InputError naming the file (and line)."""
+        from .textio import InputError, decode_line
+
         words, counts = [], []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                line = line.rstrip("\n")
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                line = decode_line(raw, path, lineno).rstrip("\r\n")
                 word, sep, count = line.partition("\t")
-                if not sep or not word or not count.isdigit():
-                    raise ValueError(f"{path}:{lineno}: expected 'word<TAB>count', got {line!r}")
+                if not sep or not word or not (count.isascii() and count.isdigit()):
+                    raise InputError(path, lineno, f"expected 'word<TAB>count', got {line!r}")
                 words.append(word)
                 counts.append(int(count))
-        return cls(words, counts, unk=unk)
+        try:
+            return cls(words, counts, unk=unk)
+        except UserError as e:  # a duplicate word, no unknown-word symbol
+            raise InputError(path, None, str(e)) from None
 
     def __repr__(self) -> str:
         return f"Vocabulary({len(self)} words, unk={self.unk!r})"
