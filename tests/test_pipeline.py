@@ -460,9 +460,9 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
             assert f"--mertdir {moses}/bin " in args
 
 
-@pytest.mark.parametrize("tuner,flag", [("mert", '--mertmertargs "-r 2 -m 5"'),
-                                        ("kbmira", '--batch-mira --batch-mira-args "-r 2 -m 5"'),
-                                        ("pro", '--pairwise-ranked --proargs "-r 2 -m 5"')])
+@pytest.mark.parametrize("tuner,flag", [("mert", '--mertmertargs "-r 2 -m 5 "'),
+                                        ("kbmira", '--batch-mira --batch-mira-args "-r 2 -m 5 "'),
+                                        ("pro", '--pairwise-ranked --proargs "-r 2 -m 5 "')])
 def test_dry_run_per_tuner(tmp_path, tuner, flag):
     """TUNER picks mert-moses.pl's optimiser: its options, the seed, TUNER_ARGS, the runs' folders,
     the report's tuner; anything else is refused in one line."""
