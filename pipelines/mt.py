@@ -7,6 +7,7 @@
     python mt.py reweight FILTERED.ini TUNED.ini -o OUT.ini   # TUNED's weights in the filtered model
     python mt.py table-path MOSES.ini [--table NAME]          # the file of a phrase table (the first)
     python mt.py best-iteration MERT.log                      # the iteration --return-best-dev kept
+    python mt.py positive MOSES.ini FEATURE...                # mert's -P list: every score of each FEATURE
     python mt.py timed TIMES.tsv STEP -- COMMAND...           # run COMMAND, log its wall time
 
 Every output is written atomically (a temporary file renamed on success), so
@@ -463,6 +464,25 @@ def table_path(args) -> None:
     print(path)
 
 
+def positive(args) -> None:
+    """Print the names mert's -P option takes (`NAME_0,NAME_1,...`, as in its feature files) for every
+    score of each named feature of a moses.ini: mert then keeps their weights above 0. A feature with
+    untuneable scores is refused (mert numbers only the tuneable ones)."""
+    from moses_rnn.mosesini import MosesIni
+
+    ini = MosesIni.read(args.ini)
+    names = []
+    for name in args.features:
+        feature = ini.feature(name)
+        if feature.get("tuneable-components") is not None or feature.get("tuneable") == "false":
+            raise ValueError(f"{args.ini}: {name} has untuneable scores; name only fully tuned features")
+        count = feature.num_scores()
+        if not count:
+            raise ValueError(f"{args.ini}: cannot tell how many scores {name} has (no num-features=)")
+        names += [f"{name}_{i}" for i in range(count)]
+    print(",".join(names))
+
+
 def best_iteration(args) -> None:
     """Print the iteration whose weights mert-moses.pl --return-best-dev returned (its log's
     'copying weights from best iteration (N, bleu=...)'); exit 1 when the log has none."""
@@ -520,6 +540,10 @@ def main(argv=None) -> None:
     a.add_argument("ini")
     a.add_argument("--table", help="the phrase table's feature name (default: the first phrase table)")
     a.set_defaults(fn=table_path)
+    a = sub.add_parser("positive")
+    a.add_argument("ini")
+    a.add_argument("features", nargs="+", help="feature names (LexicalReordering0 ...)")
+    a.set_defaults(fn=positive)
     a = sub.add_parser("best-iteration")
     a.add_argument("log", help="mert-moses.pl's log (stdout)")
     a.set_defaults(fn=best_iteration)

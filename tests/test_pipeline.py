@@ -48,7 +48,10 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
                           f"  /opt/mosesdecoder/bin/moses {tmp_path}/w/systems/{system}/moses.ini.filtered-dev "
                           "--no-filter-phrase-table") == 3
     assert plan.count("filter-model-given-input.pl") == 4 and plan.count("mt.py reweight") == 12
-    assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3 "') == 4
+    assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3 -P $positive "') == 4
+    # mert keeps the lexicalized reordering weights positive: -P with the names of their scores
+    assert plan.count(f"positive=$({sys.executable} {PIPE}/mt.py positive {tmp_path}/w/systems/rnn/moses.ini.filtered-dev "
+                      "LexicalReordering0) && ") == 3
     assert plan.count("/mert --threads 2 ") == 12  # the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
     # dev: the tuning's own decoding of the weights it kept
@@ -325,6 +328,34 @@ def test_reweight_puts_the_tuned_weights_into_the_filtered_model(tmp_path):
     assert not (tmp_path / "bad.ini").exists()
 
 
+def test_positive_names_every_score_of_each_feature(tmp_path):
+    ini = tmp_path / "moses.ini"
+    ini.write_text("[feature]\nLexicalReordering name=LexicalReordering0 num-features=6 path=r\nDistortion\n"
+                   "PhraseDictionaryMemory name=TranslationModel0 num-features=6 tuneable-components=1,2,3,4,5 path=p\n"
+                   "[weight]\nLexicalReordering0= 0.3 0.3 0.3 0.3 0.3 0.3\nDistortion0= 0.3\n")
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "positive", str(ini), "LexicalReordering0", "Distortion0"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == ",".join([f"LexicalReordering0_{i}" for i in range(6)] + ["Distortion0_0"]) + "\n"
+    for name, message in (("LM0", "no feature named 'LM0'"), ("TranslationModel0", "has untuneable scores")):
+        r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "positive", str(ini), name], capture_output=True, text=True)
+        assert r.returncode == 1 and r.stdout == "" and message in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_best_iteration_and_table_path(tmp_path):
+    log = tmp_path / "mert.log"
+    log.write_text("run 5 end\ncopying weights from best iteration (4, bleu=0.1161) to moses.ini\nTraining finished\n")
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "best-iteration", str(log)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "4\n"
+    log.write_text("run 5 end\nTraining finished\n")  # no --return-best-dev
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "best-iteration", str(log)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stdout == ""
+    (tmp_path / "pt.gz").write_bytes(b"")  # Moses adds .gz to a path that does not exist
+    ini = tmp_path / "moses.ini"
+    ini.write_text(f"[feature]\nPhraseDictionaryMemory name=TranslationModel0 num-features=4 path={tmp_path}/pt\n")
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "table-path", str(ini)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == f"{tmp_path}/pt.gz\n"
+
+
 def test_timed_logs_successful_steps_only(tmp_path):
     times = tmp_path / "times.tsv"
     ok = subprocess.run([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "align", "--",
@@ -419,7 +450,8 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
     (work / "data" / "dev.en").write_text("a\n")
     system = work / "systems" / "baseline"
     system.mkdir(parents=True)
-    (system / "moses.ini.filtered-dev").write_text("[weight]\nLM0= 1\n")
+    (system / "moses.ini.filtered-dev").write_text(
+        "[feature]\nLexicalReordering name=LexicalReordering0 num-features=6 path=r\n[weight]\nLM0= 1\n")
     corpus = tmp_path / "dev"  # the raw dev set, older than the prepared one
     for lang in ("en", "fr"):
         Path(f"{corpus}.{lang}").write_text("a\n")
@@ -447,7 +479,8 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
         else:
             assert "--continue" not in args and found == []
         assert "--no-filter-phrase-table" in args and "moses.ini.filtered-dev" in args
-        flags = {"mert": f"--mertmertargs -r {k} ", "kbmira": f"--batch-mira --batch-mira-args -r {k} ",
+        flags = {"mert": f"--mertmertargs -r {k} -P " + ",".join(f"LexicalReordering0_{i}" for i in range(6)) + " ",
+                 "kbmira": f"--batch-mira --batch-mira-args -r {k} ",
                  "pro": f"--pairwise-ranked --proargs -r {k} "}[tuner]
         assert flags in args
         for other in {"mert": "--mertmertargs", "kbmira": "--batch-mira", "pro": "--pairwise-ranked"}.values():
@@ -460,7 +493,7 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
             assert f"--mertdir {moses}/bin " in args
 
 
-@pytest.mark.parametrize("tuner,flag", [("mert", '--mertmertargs "-r 2 -m 5 "'),
+@pytest.mark.parametrize("tuner,flag", [("mert", '--mertmertargs "-r 2 -m 5 -P $positive "'),
                                         ("kbmira", '--batch-mira --batch-mira-args "-r 2 -m 5 "'),
                                         ("pro", '--pairwise-ranked --proargs "-r 2 -m 5 "')])
 def test_dry_run_per_tuner(tmp_path, tuner, flag):
@@ -475,6 +508,10 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
         assert f"{w}/systems/{system}/{tuner}-3/tuned.ini" in plan
     assert f"--tuner {tuner} " in plan and f"{w}/report.{tuner}.png" in plan
     assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")
+    assert (plan.count("mt.py positive ") == 12) == (tuner == "mert")
+    if tuner == "mert":  # POSITIVE empty: no constraint
+        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
+        assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
