@@ -329,7 +329,8 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    n = sum(len(runs) for runs in curves.values())
+    fig, ax = plt.subplots(figsize=(7, 4.2 + 0.12 * ((n + 1) // 2)), dpi=120)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (system, runs) in enumerate(curves.items()):
         for j, (name, scores) in enumerate(runs.items()):
@@ -339,7 +340,7 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     ax.set_ylabel("dev BLEU (tokenized, lowercased)")
     ax.set_title(textwrap.fill(title, 110), fontsize=8)  # a long label (BUDGET=1) on several lines
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: no curve hidden
     fig.tight_layout()
     tmp = output + ".tmp.png"
     fig.savefig(tmp)
