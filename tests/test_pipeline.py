@@ -63,6 +63,8 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
         assert f"times.tsv {step} -- " in plan, step
     assert "--max-minutes 120" in plan  # the full run's budget per network
+    # the longest chain first: the RNN trains as soon as the phrase table exists
+    assert plan.index("moses-rnn train") < plan.index("cslm train") < plan.index("mert-moses.pl")
     # the default: the CSLM evaluated inside Moses, no server
     assert "with-cslm.sh" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
     assert not (tmp_path / "w").exists()  # a dry run writes nothing
