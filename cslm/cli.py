@@ -215,6 +215,10 @@ def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet)
               help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
               help="Close connections silent this long (seconds).")
+@click.option("--max-connections", type=click.IntRange(min=1),
+              help="Most open connections; at the limit a new one closes the least recently active idle one, or "
+                   "is refused (ERROR 9) if every one has a request in flight [what the open-file limit leaves "
+                   "room for: `ulimit -n` less 128, e.g. 896 under 1024].")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back-off mode: score unknown words with this n-gram model.")
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
@@ -223,19 +227,23 @@ def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet)
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, kenlm,
-          self_normalized, device, threads, port_file):
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, max_connections,
+          kenlm, self_normalized, device, threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
-    from .server import ServerConfig, serve as run
+    from .server import ServerConfig, connection_limit, serve as run
 
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until listening; then SIGTERM and SIGHUP stop it gracefully
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     require_model_dir(model_dir, "cslm")
+    connection_limit(max_connections)  # an impossible limit is refused before the model loads
     _threads(threads)
     engine = _engine(model_dir, device, kenlm, self_normalized)
     if self_normalized:
         _ = engine.tables  # build the premultiplied tables before listening, not on the first request
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
-                       cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout)
+                       cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout,
+                       max_connections=max_connections)
     run(engine, cfg, name=model_dir, port_file=port_file, summary=True)
 
 

@@ -25,6 +25,7 @@ REQUEST_TYPES = {HELLO, SCORE, SCORE_TEXT, LOOKUP, VOCAB, STATS}
 
 # ERROR codes
 E_MALFORMED, E_VERSION, E_TOO_LARGE, E_BAD_REQUEST, E_NO_HANDSHAKE, E_UNKNOWN_TYPE, E_SHUTTING_DOWN, E_INTERNAL = range(1, 9)
+E_BUSY = 9  # at the connection limit with every connection busy: try again later (a new connection)
 MODES = {"unk": 0, "backoff": 1}
 UNKNOWN, BACKOFF = 1, 2  # per-n-gram flags in SCORES: outside the shortlist; value from the back-off model
 

@@ -18,23 +18,39 @@ of the engine; hits skip the network's forward pass entirely.
 Robustness: frames over `max_frame` bytes, unknown types, bad payloads and
 requests before the handshake get an ERROR reply and that connection is
 closed; other connections never notice. Idle connections are closed after
-`idle_timeout` seconds. SIGTERM/SIGINT stop accepting, finish the requests
-already read, and return.
+`idle_timeout` seconds. SIGTERM/SIGINT/SIGHUP stop accepting, finish the
+requests already read, and return.
+
+Connections are limited (`max_connections`, by default what the open-file
+limit leaves room for: `connection_limit`), so that idle connections can never
+take every file descriptor and lock real clients out. At the limit a new
+connection closes the least recently active idle one (a request in flight is
+never lost; clients already survive the idle timeout's close in the same way,
+and the Moses feature reconnects); only when every connection has a request in
+flight is the new one refused with an ERROR frame (E_BUSY). Should descriptors
+run out all the same (another limit, a lowered one), a failed accept() also
+closes an idle connection. What the server reports about such events goes to
+stderr through `RateLimitedLog`: one line per kind of event per interval, with
+the count of those held back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import itertools
 import json
 import signal
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
+
+from moses_rnn.errors import UserError
 
 from . import protocol as P
 from .engine import Engine
@@ -49,6 +65,102 @@ class ServerConfig:
     cache_size: int = 1_000_000  # n-grams; 0 disables the cache
     max_frame: int = P.DEFAULT_MAX_FRAME
     idle_timeout: float = 300.0
+    max_connections: int | None = None  # None: what the open-file limit leaves room for (`connection_limit`)
+    log_interval: float = 10.0  # seconds between two stderr lines about one kind of event
+
+
+# Connections asyncio may accept in one pass over the listening socket (also the kernel's accept queue), and
+# the descriptors kept for everything but connections (stdio, the event loop, model and KenLM files, CUDA):
+# the default connection limit leaves both free, so a burst of connections never meets the open-file limit.
+LISTEN_BACKLOG = 64
+FD_RESERVE = 64
+# accept() errors that mean "no descriptor or memory left" (asyncio logs them and retries a second later)
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def open_file_limit() -> int | None:
+    """This process's soft limit on open files (RLIMIT_NOFILE, `ulimit -n`); None where there is none."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover (not POSIX)
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def connection_limit(asked: int | None = None, fds: int | None = None) -> int:
+    """The connection limit: `asked` (--max-connections), or by default the open-file limit `fds` (this
+    process's) less the descriptors kept for a burst of accepts and for the rest of the server: 128 connections
+    under `ulimit -n 256`, 896 under 1024. An `asked` limit the open files cannot hold is a UserError."""
+    fds = open_file_limit() if fds is None else fds
+    most = None if fds is None else max(1, fds - min(fds // 2, LISTEN_BACKLOG + FD_RESERVE))
+    if asked is None:
+        return most if most is not None else 4096
+    if asked < 1:
+        raise UserError(f"--max-connections must be at least 1, got {asked}")
+    if most is not None and asked > most:
+        raise UserError(f"--max-connections {asked} needs more open files than this process may have (ulimit -n "
+                        f"{fds}: at most {most} connections); raise the limit or lower --max-connections")
+    return asked
+
+
+class RateLimitedLog:
+    """Lines about events on stderr, at most one per kind of event every `interval` seconds.
+
+    The first event of a kind is written at once; those that follow within the interval are held back and
+    counted, and at its end one line reports them: the last one's message with "(N more like this in the
+    last T s)". A flood of errors (a descriptor shortage fails accept() thousands of times a second) thus
+    costs a line per interval, not megabytes. Used on the event loop's thread only.
+    """
+
+    def __init__(self, interval: float = 10.0, stream=None):
+        self.interval, self.stream = interval, stream
+        self.last: dict[str, float] = {}  # kind -> when its last line was written
+        self.held: dict[str, list] = {}  # kind -> [count, latest message]
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+
+    def event(self, kind: str, message: str, detail: str = "") -> None:
+        """Report `message` (one line; `detail`, e.g. a traceback, follows it) unless a line of `kind` was
+        written less than `interval` seconds ago."""
+        now = time.monotonic()
+        last = self.last.get(kind)
+        if last is None or now - last >= self.interval:
+            held = self.held.pop(kind, None)
+            self._write(message + (f" ({held[0]} more like this before)" if held else ""), detail)
+            self.last[kind] = now
+            return
+        held = self.held.setdefault(kind, [0, message])
+        held[0] += 1
+        held[1] = message
+        if kind not in self.timers:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop: reported with the next line of its kind, or at close()
+                return
+            self.timers[kind] = loop.call_later(last + self.interval - now, self._flush, kind)
+
+    def _flush(self, kind: str) -> None:
+        self.timers.pop(kind, None)
+        held = self.held.pop(kind, None)
+        if held:
+            count, message = held
+            now = time.monotonic()
+            elapsed = now - self.last[kind]
+            self._write(f"{message} ({count} more like this in the last {elapsed:.{0 if elapsed >= 10 else 1}f} s)")
+            self.last[kind] = now
+
+    def close(self) -> None:
+        """Report what is still held back, now."""
+        for kind in list(self.held):
+            timer = self.timers.pop(kind, None)
+            if timer is not None:
+                timer.cancel()
+            self._flush(kind)
+
+    def _write(self, line: str, detail: str = "") -> None:
+        stream = self.stream or sys.stderr
+        stream.write(line + "\n" + detail)
+        stream.flush()
 
 
 # Batches of at most this many n-grams are scored on the event loop's thread
@@ -83,9 +195,11 @@ class Stats:
         self.errors = 0
         self.connections_open = 0
         self.connections_total = 0
+        self.connections_evicted = 0  # idle ones closed to make room (connection limit, descriptor shortage)
+        self.connections_refused = 0  # new ones refused: at the limit with every connection busy
         self.latencies: collections.deque = collections.deque(maxlen=10000)  # seconds, score requests
 
-    def to_dict(self, cache_len: int, cache_cap: int) -> dict:
+    def to_dict(self, cache_len: int, cache_cap: int, max_connections: int = 0) -> dict:
         lat = np.array(self.latencies) * 1e3 if self.latencies else np.zeros(1)
         pct = {f"p{q}": round(float(np.percentile(lat, q)), 3) for q in (50, 90, 99)}
         return {
@@ -103,6 +217,8 @@ class Stats:
             "latency_ms": {**pct, "max": round(float(lat.max()), 3), "window": len(self.latencies)},
             "errors": self.errors,
             "connections": {"open": self.connections_open, "total": self.connections_total},
+            "connection_limit": {"max": max_connections, "evicted": self.connections_evicted,
+                                 "refused": self.connections_refused},
         }
 
 
@@ -209,10 +325,26 @@ class Batcher:
         return len({c for _, _, c in self.queue})
 
 
+class _Conn:
+    """What the connection limit needs to know of an open connection."""
+
+    __slots__ = ("mine", "busy")
+
+    def __init__(self, mine: set):
+        self.mine = mine  # its score requests in flight
+        self.busy = False  # between a frame's header and its reply
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self.mine
+
+
 class Server:
     def __init__(self, engine: Engine, cfg: ServerConfig | None = None):
         self.engine = engine
-        self.cfg = cfg or ServerConfig()
+        cfg = cfg or ServerConfig()
+        self.cfg = replace(cfg, max_connections=connection_limit(cfg.max_connections))
+        self.log = RateLimitedLog(self.cfg.log_interval)
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
         v = engine.vocab
@@ -221,7 +353,8 @@ class Server:
         self.vocab_payload = P.encode_vocab(v.words)
         self.batcher: Batcher | None = None
         self.server: asyncio.base_events.Server | None = None
-        self.connections: set[asyncio.Task] = set()
+        # open connections by their task, least recently active first (a frame moves its connection to the end)
+        self.connections: collections.OrderedDict[asyncio.Task, _Conn] = collections.OrderedDict()
         self.inflight: set[asyncio.Task] = set()
         self.closing = False
         self.port: int | None = None
@@ -232,8 +365,9 @@ class Server:
         self.batcher = Batcher(self.scorer, self.cfg, self.stats)
         self.batcher.task = asyncio.create_task(self.batcher.run())
         self._done = asyncio.Event()
+        asyncio.get_running_loop().set_exception_handler(self._loop_exception)
         self.server = await asyncio.start_server(self._connection, self.cfg.host, self.cfg.port,
-                                                 limit=1 << 16, reuse_address=True)
+                                                 limit=1 << 16, reuse_address=True, backlog=LISTEN_BACKLOG)
         self.port = self.server.sockets[0].getsockname()[1]
         return self.port
 
@@ -254,40 +388,97 @@ class Server:
         self.batcher.wakeup.set()
         await self.batcher.task
         self.batcher.pool.shutdown(wait=True)
+        self.log.close()
         self._done.set()
 
     async def wait_closed(self) -> None:
         await self._done.wait()
 
+    # -- the connection limit -----------------------------------------------
+    def _evict_idle(self) -> bool:
+        """Close the least recently active idle connection; False if every connection is busy."""
+        for task, conn in self.connections.items():
+            if conn.idle:
+                del self.connections[task]  # counted out now: more connections may arrive before it ends
+                task.cancel()
+                self.stats.connections_evicted += 1
+                return True
+        return False
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """An ERROR frame (E_BUSY), then the close; the client's HELLO is read first (for up to a second), so
+        that the close does not reset the connection before the client reads the error."""
+        limit = self.cfg.max_connections
+        self.stats.connections_refused += 1
+        self.log.event("refused", f"cslm: refused a connection: all {limit} connections (--max-connections) "
+                                  f"have requests in flight")
+        try:
+            writer.write(P.frame(P.ERROR, 0, P.encode_error(
+                P.E_BUSY, f"server busy: all {limit} connections have requests in flight; try again later")))
+            await writer.drain()
+            await asyncio.wait_for(reader.read(P.HEADER_SIZE + 8), 1.0)
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        """The event loop's error reports, through the rate-limited log. A failed accept() for want of
+        descriptors (asyncio retries it a second later, and reports it for every connection waiting) is one
+        line, and closes an idle connection, so that the next accept() finds a descriptor; anything else is a
+        bug, reported with its traceback (at most once per interval and kind)."""
+        exc = context.get("exception")
+        message = context.get("message") or "error in the event loop"
+        if isinstance(exc, OSError) and exc.errno in _OUT_OF_RESOURCES:
+            evicted = self._evict_idle()
+            fds = open_file_limit()
+            self.log.event(f"accept:{exc.errno}", f"cslm: {message}: {exc.strerror} (open-file limit "
+                           f"{fds if fds is not None else 'none'}, --max-connections {self.cfg.max_connections})"
+                           + ("; closed the least recently active idle connection" if evicted else ""))
+            return
+        detail = "".join(traceback.format_exception(exc)) if exc is not None else ""
+        self.log.event(f"loop:{message}:{type(exc).__name__}", f"cslm: {message}", detail)
+
     # -- one connection -----------------------------------------------------
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        self.connections.add(task)
+        if len(self.connections) >= self.cfg.max_connections:
+            if not self._evict_idle():
+                await self._refuse(reader, writer)
+                return
+            self.log.event("evicted", f"cslm: at the connection limit ({self.cfg.max_connections}, "
+                                      f"--max-connections): closed the least recently active idle connection")
+        mine: set[asyncio.Task] = set()
+        conn = self.connections[task] = _Conn(mine)
         self.stats.connections_open += 1
         self.stats.connections_total += 1
-        mine: set[asyncio.Task] = set()
         try:
-            await self._serve_frames(reader, writer, mine)
+            await self._serve_frames(reader, writer, conn)
         except (asyncio.CancelledError, ConnectionError):
             pass
         finally:
             if mine:
                 await asyncio.gather(*list(mine), return_exceptions=True)
             self.stats.connections_open -= 1
-            self.connections.discard(task)
+            self.connections.pop(task, None)
             writer.close()
             try:
                 await writer.wait_closed()
             except (ConnectionError, asyncio.CancelledError):
                 pass
 
-    async def _serve_frames(self, reader, writer, mine: set) -> None:
-        cfg, handshaken = self.cfg, False
+    async def _serve_frames(self, reader, writer, conn: _Conn) -> None:
+        cfg, handshaken, mine = self.cfg, False, conn.mine
+        task = asyncio.current_task()
         while not self.closing:
+            conn.busy = False
             try:
                 head = await _read(reader, P.HEADER_SIZE, cfg.idle_timeout)
             except (asyncio.TimeoutError, asyncio.IncompleteReadError):
                 return  # idle, or the client went away (possibly mid-header)
+            conn.busy = True
+            if task in self.connections:
+                self.connections.move_to_end(task)  # the most recently active
             length, type_, rid = P.parse_header(head)
             try:
                 if length > cfg.max_frame:
@@ -360,7 +551,7 @@ class Server:
             pass
 
     def stats_dict(self) -> dict:
-        d = self.stats.to_dict(len(self.scorer.cache), self.cfg.cache_size)
+        d = self.stats.to_dict(len(self.scorer.cache), self.cfg.cache_size, self.cfg.max_connections)
         d["config"] = asdict(self.cfg)
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
                       "scores": self.engine.scores, "device": str(self.engine.device)}
@@ -399,7 +590,10 @@ async def _main(engine: Engine, cfg: ServerConfig, announce) -> dict:
     srv = Server(engine, cfg)
     port = await srv.start()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    stops = [signal.SIGTERM, signal.SIGINT]
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # not under nohup
+        stops.append(signal.SIGHUP)  # a closed terminal stops the server as SIGTERM does
+    for sig in stops:
         loop.add_signal_handler(sig, srv.request_shutdown)
     announce(srv, port)
     await srv.wait_closed()

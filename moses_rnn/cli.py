@@ -96,16 +96,20 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
               help="Lines read and scored together.")
 @click.option("--token-budget", type=click.IntRange(min=1), default=16384, show_default=True,
               help="Source words per encoder batch.")
+@click.option("--max-phrase-words", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Longest phrase scored, in words: a longer one is an error naming its line (time and memory "
+                   "grow with a phrase's length; Moses's phrases have up to 7 words by default).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
-def score(table, model_dir, output, normalize, unknown, device, dtype, threads, workers, window, token_budget, quiet):
+def score(table, model_dir, output, normalize, unknown, device, dtype, threads, workers, window, token_budget,
+          max_phrase_words, quiet):
     """Append log p(target | source) (as e^value, see README) to every line of TABLE.
 
     Sharded over processes or machines with torchrun, e.g.
     `torchrun --nproc-per-node 2 $(which moses-rnn) score TABLE -m MODEL -o OUT` (docs/scoring.md).
     """
     from .runtime import Distributed
-    from .score import setup_scoring
+    from .score import setup_scoring, workers_warning
     from .shard import score_table
 
     require_model_dir(model_dir, "moses-rnn")
@@ -114,8 +118,11 @@ def score(table, model_dir, output, normalize, unknown, device, dtype, threads, 
         raise click.ClickException("output would overwrite the input table")
     with setup_scoring(model_dir, table, device, threads, workers, token_budget, dtype,
                        Distributed.from_env()) as setup:
+        warning = workers_warning(setup.workers, setup.dist.local_world) if workers else None
+        if warning and setup.dist.is_main:
+            click.echo(warning, err=True)
         stats = score_table(setup.scorer, table, output, normalize=normalize, unknown=unknown, window=window,
-                            workers=setup.workers, progress=not quiet, dist=setup.dist)
+                            workers=setup.workers, progress=not quiet, dist=setup.dist, max_words=max_phrase_words)
     if setup.dist.is_main:
         procs = f"{stats.processes} torchrun processes x " if stats.processes > 1 else ""
         click.echo(f"{stats.lines} lines, {stats.distinct_sources} source groups, {stats.pairs_per_second:.0f} pairs/s "

@@ -21,12 +21,22 @@ from .textio import GZIP_ERRORS, InputError
 USER_ERRORS = (UserError, OSError, *GZIP_ERRORS)
 
 
+def exit_on_signals() -> None:
+    """SIGTERM, and SIGHUP (a closed terminal), raise SystemExit (exit status 128 + the signal's number), so
+    that a stopped command leaves through its clean-up: the atomic output's temporary removed, the previous
+    output untouched, worker processes stopped. A SIGHUP already ignored (nohup) stays ignored."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, lambda *_: sys.exit(128 + signal.SIGHUP))
+
+
 def fail_cleanly(fn):
-    """A user error becomes a one-line message (exit 1); SIGTERM exits through the atomic-output cleanup."""
+    """A user error becomes a one-line message (exit 1); SIGTERM and SIGHUP exit through the clean-up
+    (`exit_on_signals`)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        exit_on_signals()
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:

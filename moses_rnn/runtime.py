@@ -16,6 +16,8 @@ engine and server, the benchmarks):
   weights; float32 elsewhere.
 - `Distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and
   starts the process group: gloo on CPU, NCCL on GPU.
+- `exit_with_parent` makes a helper process (a scoring worker) die with the
+  process that started it, however that one ends (kill -9 included).
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import signal
 import statistics
+import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -271,6 +276,35 @@ class Distributed:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def exit_with_parent(parent: int, poll: float = 1.0, use_prctl: bool = True) -> None:
+    """Make this process, a helper started by process `parent`, exit as soon as `parent` is gone.
+
+    A worker of a process pool blocks on its task pipe, whose write end it holds itself: killed
+    without clean-up (kill -9, the OOM killer, SIGHUP with no handler), the parent would leave it,
+    and multiprocessing's resource tracker, which waits for every holder of its pipe to close it,
+    running forever. On Linux the kernel sends this process SIGKILL when its parent dies
+    (prctl PR_SET_PDEATHSIG; "parent" is the thread that started it, which for `WindowPool` is the
+    thread that also shuts the pool down). Everywhere, a daemon thread checks os.getppid() every
+    `poll` seconds and exits when the process has been handed to another parent. A parent already
+    gone when this is called ends the process at once.
+    """
+    if use_prctl and sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # died before the watch began
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 class Stopwatch:

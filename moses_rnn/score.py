@@ -39,6 +39,7 @@ import copy
 import itertools
 import multiprocessing
 import os
+import signal
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -56,7 +57,7 @@ from .errors import UserError
 from .modeldir import ModelError
 from .modelio import LoadedModel, load_model
 from .phrasetable import format_columns, parse_line, parse_window, phrase_key
-from .runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, resolve_device
+from .runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, exit_with_parent, resolve_device
 from .textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
 from .vocab import EOS
 
@@ -341,6 +342,13 @@ class ScoreStats:
         return self.lines / max(self.seconds, 1e-9)
 
 
+# The longest phrase, in words, `score_table` scores by default (`moses-rnn score --max-phrase-words`). Time and
+# memory grow with a phrase's length (the encoder and decoder take a step per word): a 1 MB line of words took
+# 840 MB and 90 s. Moses's phrase tables hold phrases of up to 7 words by default (-max-phrase-length), and
+# hardly ever more than a few dozen, so a longer phrase is a damaged table or not a phrase table.
+MAX_PHRASE_WORDS = 1000
+
+
 @dataclass(frozen=True)
 class TableJob:
     """What scoring one window of a table needs besides its lines."""
@@ -349,6 +357,23 @@ class TableJob:
     nscores: int  # every line must have the first line's number of scores
     normalize: bool = False
     unknown: bool = False
+    max_words: int = MAX_PHRASE_WORDS  # the longest phrase scored, in words
+
+
+def check_phrase_lengths(window, job: TableJob) -> None:
+    """An InputError naming the first line of `window` (table order) with a phrase of more than
+    `job.max_words` words. Free for ordinary tables: a phrase of more than k words has at least 2k + 1 bytes,
+    so only windows holding a phrase that long are looked at word by word."""
+    limit = job.max_words
+    most = 2 * limit
+    if max(map(len, window.sources), default=0) <= most and max(map(len, window.targets), default=0) <= most:
+        return
+    for i, pair in enumerate(zip(window.sources, window.targets)):
+        for side, phrase in zip(("source", "target"), pair):
+            if len(phrase) > most and (words := phrase.count(b" ") + 1) > limit:
+                raise InputError(job.path, window.first_lineno + i,
+                                 f"{side} phrase of {words} words, more than the limit of {limit} "
+                                 f"(--max-phrase-words; Moses phrases have a few words)")
 
 
 def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data: bytes) -> tuple[bytes, int, int]:
@@ -356,10 +381,13 @@ def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data:
 
     Returns the rewritten lines (columns appended to field 3, every other byte
     kept), the number of lines and the number of distinct source phrases. A
-    non-finite log p (a model that overflows) raises ModelError naming the model
-    and the line, so no `nan` is ever written.
+    phrase longer than `job.max_words` words raises InputError naming its line
+    (`check_phrase_lengths`). A non-finite log p (a model that overflows)
+    raises ModelError naming the model and the line, so no `nan` is ever
+    written.
     """
     window = parse_window(data, job.path, first_lineno, job.nscores)
+    check_phrase_lengths(window, job)
     before = scorer.distinct_sources
     values = scorer.phrase_features(window.sources, window.targets, job.normalize, job.unknown)
     finite = np.isfinite(values[:, 0])
@@ -375,8 +403,15 @@ def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data:
 _WORKER: tuple[PhraseScorer, TableJob] | None = None
 
 
-def _init_worker(model_dir: str, token_budget: int, node_chunk: int, dtype: str, job: TableJob) -> None:
+def _init_worker(parent: int, model_dir: str, token_budget: int, node_chunk: int, dtype: str, job: TableJob) -> None:
+    """A worker process's start: it dies with `parent` (`exit_with_parent`), leaves Ctrl-C and a closed
+    terminal (SIGINT, SIGHUP, sent to the whole process group) to the parent, which stops the pool, and loads
+    the model."""
     global _WORKER
+    exit_with_parent(parent)
+    for sig in ("SIGINT", "SIGHUP"):
+        if hasattr(signal, sig):
+            signal.signal(getattr(signal, sig), signal.SIG_IGN)
     torch.set_num_threads(1)
     _WORKER = (PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget, node_chunk=node_chunk,
                                      dtype=dtype), job)
@@ -447,6 +482,22 @@ def default_workers(device: torch.device, config, table: str) -> int:
     return cpu_count()
 
 
+def workers_warning(workers: int, local_world: int = 1) -> str | None:
+    """A one-line warning when `workers` scoring processes (per torchrun process, `local_world` of them on
+    this machine) outnumber the cores this process may use; None otherwise. A pool of two (this process and
+    one worker, the least that runs the pool at all) is never warned about.
+
+    A warning, not a cap: each process takes a core for a small model's Python work, so processes beyond the
+    cores only add memory (a model each) and start-up time; but the run stays what was asked for, and the
+    user may know better than the affinity mask (cores freed later, a machine shared on purpose)."""
+    cores = cpu_count()
+    if workers * local_world <= max(cores, 2):
+        return None
+    processes = f"{workers} (x {local_world} torchrun processes)" if local_world > 1 else f"{workers}"
+    return (f"moses-rnn: warning: --workers {processes}: more scoring processes than the {cores} cores this "
+            f"process may use; the extra ones add memory and start-up time, not speed")
+
+
 def first_line_scores(table: str, head: tuple[int, bytes] | None) -> int:
     """The number of scores on line 1 (every line must have as many), from the table's first block
     `head`; None (an empty table) is an error."""
@@ -484,7 +535,8 @@ class WindowPool:
             s = self.scorer
             self.pool = ProcessPoolExecutor(self.workers - 1, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_init_worker,
-                                            initargs=(s.model_dir, s.token_budget, s.node_chunk, s.dtype, self.job))
+                                            initargs=(os.getpid(), s.model_dir, s.token_budget, s.node_chunk,
+                                                      s.dtype, self.job))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -540,6 +592,7 @@ def score_table(
     window: int = 8192,
     workers: int = 1,
     progress: bool = True,
+    max_words: int = MAX_PHRASE_WORDS,
 ) -> ScoreStats:
     """Append the model's columns to every line of `table`, writing `output` atomically.
 
@@ -549,12 +602,13 @@ def score_table(
     loading the model from `scorer.model_dir`. Results are written in input
     order; memory is bounded by a few windows per worker, whatever the size
     of the table. Gzip decompression and compression run in their own threads.
+    A phrase of more than `max_words` words is an error naming its line.
     One process; `moses_rnn.shard.score_table` spreads it over a torchrun job.
     """
     start = time.perf_counter()
     blocks = iter_line_blocks(table, window)
     head = next(blocks, None)
-    job = TableJob(table, first_line_scores(table, head), normalize, unknown)
+    job = TableJob(table, first_line_scores(table, head), normalize, unknown, max_words)
     blocks = itertools.chain([head], blocks)
     read = written = sources = 0
 
@@ -577,4 +631,5 @@ def score_table(
 
 
 __all__ = ["PhraseScorer", "ScoreStats", "ScoringSetup", "TableJob", "WindowPool", "first_line_scores", "score_table", "rescore_window",
-           "default_workers", "setup_scoring", "bfloat16_copy", "scoring_dtype", "default_node_chunk"]
+           "default_workers", "setup_scoring", "bfloat16_copy", "scoring_dtype", "default_node_chunk",
+           "MAX_PHRASE_WORDS", "check_phrase_lengths", "workers_warning"]

@@ -23,9 +23,9 @@ from tqdm import tqdm
 from . import score
 from .errors import UserError
 from .runtime import Distributed
-from .score import PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores
+from .score import MAX_PHRASE_WORDS, PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores
 from .textio import (InputError, after_newlines, atomic_output, count_lines, count_newlines, is_gzip,
-                     iter_line_blocks, sibling_temporary)
+                     iter_line_blocks, remove_stale_temporaries, sibling_temporary)
 
 # -- sharded scoring under torchrun -------------------------------------------------------------------------------
 class _Board:
@@ -131,7 +131,7 @@ def _plan_shard(table: str, window: int, board: _Board) -> _Shard:
 
 
 def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool, unknown: bool, window: int,
-                 workers: int, progress: bool, dist: Distributed) -> ScoreStats:
+                 workers: int, progress: bool, dist: Distributed, max_words: int = MAX_PHRASE_WORDS) -> ScoreStats:
     """One process's part of a sharded run (see `_Shard` for the split).
 
     Each process writes its windows to a part file beside the output and posts
@@ -142,12 +142,18 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
     every window; all then stop, rank 0 reports the first error (an `InputError`
     names the file and line as a single process would) and no output is
     written. A process that dies outright is torchrun's to handle: it stops the
-    others, whose temporaries are removed on the way out.
+    others, whose temporaries are removed on the way out, with the parts of
+    processes already gone (the killed one's). Every process also removes, as
+    it starts, the parts and temporaries of `output` that no live process owns
+    (those of earlier runs killed outright), so failed runs leave nothing
+    behind for long.
     """
     if table == "-" or output == "-":
         raise UserError("sharded scoring (torchrun) needs a table file and an output file, not '-'")
     start = time.perf_counter()
     board = _Board(dist)
+    folder, name = os.path.dirname(os.path.abspath(output)), os.path.basename(output)
+    remove_stale_temporaries(folder, name)  # parts of earlier runs killed outright
     part = sibling_temporary(output, f"part{dist.rank}")
     windows: list[tuple[int, int, int]] = []  # (window index, bytes, lines) of this process's part
     sources = 0
@@ -156,7 +162,7 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
     try:
         try:
             job = TableJob(table, first_line_scores(table, next(iter_line_blocks(table, 1), None)), normalize,
-                           unknown)
+                           unknown, max_words)
             shard = _plan_shard(table, window, board)
             desc = f"scoring (rank 0 of {dist.world})"
             with open(part, "wb") as sink, WindowPool(scorer, job, workers) as pool, \
@@ -198,6 +204,8 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
         if dist.is_main and not interrupted:
             with suppress(Exception):
                 board.post("verdict", {"ok": False, "error": str(e) or type(e).__name__})
+        with suppress(Exception):  # never in the way of the error itself
+            remove_stale_temporaries(folder, name)  # the parts of processes that died outright (kill -9, OOM)
         raise
     finally:
         with suppress(FileNotFoundError):
@@ -244,9 +252,9 @@ def _join_parts(statuses: list[dict], output: str, window: int) -> int:
 
 def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool = False, unknown: bool = False,
                 window: int = 8192, workers: int = 1, progress: bool = True,
-                dist: Distributed | None = None) -> ScoreStats:
+                dist: Distributed | None = None, max_words: int = MAX_PHRASE_WORDS) -> ScoreStats:
     """`moses_rnn.score.score_table`, or, in a torchrun job of more than one process, this process's
     shard of it, rank 0 joining the parts into `output` (`_score_shard`)."""
     if dist is not None and dist.enabled:
-        return _score_shard(scorer, table, output, normalize, unknown, window, workers, progress, dist)
-    return score.score_table(scorer, table, output, normalize, unknown, window, workers, progress)
+        return _score_shard(scorer, table, output, normalize, unknown, window, workers, progress, dist, max_words)
+    return score.score_table(scorer, table, output, normalize, unknown, window, workers, progress, max_words)

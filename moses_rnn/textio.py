@@ -13,7 +13,11 @@ A gzip input that is cut short (a half-copied file) or corrupt (bad deflate
 data, CRC mismatch) raises `InputError` naming the file and the last line
 read, from every reader here (`iter_lines`, `iter_raw_windows`,
 `iter_line_blocks`), never the
-decompressor's bare EOFError. The temporary file of `atomic_output` carries
+decompressor's bare EOFError. Bytes after the gzip data are read as `gzip -d`
+reads them: zeros are padding; anything else that does not start a gzip member
+is trailing garbage, ignored with a one-line warning on stderr (gzip -d's
+"decompression OK, trailing garbage ignored"); a single such byte, or a member
+cut short, is a truncated stream (`_GzipFile`). The temporary file of `atomic_output` carries
 the writer's host and process id; a killed run's leftover (kill -9 gives no
 chance to clean up) is removed by the next run writing the same output once
 that process is gone, and a live run's never is.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import itertools
 import os
 import re
@@ -60,8 +65,134 @@ def is_gzip(path: str) -> bool:
         return f.read(2) == GZIP_MAGIC
 
 
+class _GzipFile(io.RawIOBase):
+    """A gzip file, decompressed by ISA-L's threaded reader and, should that fail, read again exactly.
+
+    ISA-L's reader raises on anything after the last gzip member that is not one (EOFError for a few bytes,
+    BadGzipFile for more) and loses the data of the read that met it, so its error says neither how far the
+    good data went nor whether the file was damaged or merely followed by garbage. On a decompression error
+    the file is therefore read again member by member (`_exact_gzip`) from the byte where the fast reader
+    stopped, and what follows the last member is judged as `gzip -d` judges it.
+
+    An error of that exact reading is held back (`error`) while the stream ends as at EOF, after the last
+    whole line before the damage: a buffered reader would drop the bytes it gathered in the read that
+    raised. The readers of this module raise it once the stream is exhausted (`_raise_held_error`), so
+    they report the lines truly read, and never hand on a line cut by the damage.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.opened = igzip_threaded.open(path, "rb", threads=1)  # kept: collecting it would close its raw reader
+        self.fast = self.opened.raw  # read directly: the only buffer is the one around this object
+        self.delivered = 0  # bytes handed out
+        self.exact: Iterator[bytes] | None = None  # after a failure of the fast reader
+        self.failed = False  # the fast reader failed: exact reading from then on
+        self.ended = False  # the exact reading is over (end, or error held back)
+        self.pending = memoryview(b"")  # exact data ready to hand out: whole lines
+        self.partial = b""  # exact data after the last newline, handed out with the next lines or at the end
+        self.error: BaseException | None = None
+        self.fast_error: BaseException | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if not self.failed:
+            try:
+                n = self.fast.readinto(b)
+            except GZIP_ERRORS as e:
+                self.failed, self.fast_error = True, e
+                self.opened.close()
+                self.exact = _exact_gzip(self.path, skip=self.delivered)
+            else:
+                self.delivered += n
+                return n
+        while not self.pending:
+            if self.ended:
+                return 0
+            try:
+                data = next(self.exact, None)
+            except GZIP_ERRORS as e:  # damage, not garbage, at the exact reader's place
+                # a stream cut short says so; for damaged data the fast reader's words are the clearer ("CRC
+                # check failed" where zlib says "incorrect checksum")
+                truncated = isinstance(e, EOFError) or isinstance(self.fast_error, EOFError)
+                self.error = e if truncated else self.fast_error
+                self.ended, self.partial = True, b""
+                return 0
+            if data is None:  # the end: the last line may lack its newline
+                self.ended, data, self.partial = True, self.partial, b""
+            else:
+                data = self.partial + data
+                cut = data.rfind(b"\n") + 1
+                data, self.partial = data[:cut], data[cut:]
+            self.pending = memoryview(data)
+        n = min(len(b), len(self.pending))
+        b[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        self.delivered += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            self.opened.close()
+            if self.exact is not None:
+                self.exact.close()
+            self.pending.release()
+        super().close()
+
+
+def _raise_held_error(stream: BinaryIO) -> None:
+    """Raise the decompression error a `_GzipFile` held back, once `stream` (from `open_input`) is exhausted."""
+    raw = getattr(stream, "raw", None)
+    if isinstance(raw, _GzipFile) and raw.error is not None:
+        raise raw.error
+
+
+_TRUNCATED = "Compressed file ended before the end-of-stream marker was reached"  # the decompressors' EOFError
+
+
+def _exact_gzip(path: str, skip: int = 0, chunk: int = 1 << 16) -> Iterator[bytes]:
+    """The decompressed bytes of the gzip file `path` after the first `skip`, member by member, as `gzip -d`
+    reads them: a member cut short raises EOFError, a damaged one the decompressor's error; after the last
+    member, zero bytes are padding, a single other byte is a member header cut short (EOFError), and more
+    bytes that do not start a member are trailing garbage: a warning on stderr, then the end."""
+    with open(path, "rb") as f:
+        rest = b""
+        while True:
+            if len(rest) < 2:
+                rest += f.read(chunk)
+            if not rest:
+                return
+            if rest[:2] != GZIP_MAGIC:
+                garbage, nonzero = len(rest), bool(rest.strip(b"\0"))
+                while data := f.read(chunk):
+                    garbage += len(data)
+                    nonzero = nonzero or bool(data.strip(b"\0"))
+                if not nonzero:
+                    return  # zero padding (tar blocks): gzip ignores it silently
+                if garbage == 1:
+                    raise EOFError(_TRUNCATED)
+                print(f"warning: {path}: {garbage} bytes of trailing garbage after the gzip data ignored "
+                      f"(as gzip -d does)", file=sys.stderr, flush=True)
+                return
+            member = isal_zlib.decompressobj(wbits=31)  # one gzip member, header and CRC checked
+            while not member.eof:
+                if not rest:
+                    rest = f.read(chunk)
+                    if not rest:
+                        raise EOFError(_TRUNCATED)
+                piece, rest = rest[:chunk], rest[chunk:]
+                out = member.decompress(piece)
+                if skip:
+                    cut = min(skip, len(out))
+                    out, skip = out[cut:], skip - cut
+                if out:
+                    yield out
+            rest = member.unused_data + rest
+
+
 def open_input(path: str) -> BinaryIO:
-    """Open `path` ('-' for stdin) for binary reading, decompressing gzip."""
+    """Open `path` ('-' for stdin) for binary reading, decompressing gzip (a file: `_GzipFile`)."""
     if path == "-":
         raw = sys.stdin.buffer
         head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
@@ -71,6 +202,8 @@ def open_input(path: str) -> BinaryIO:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file")
     if is_gzip(path):
+        if os.path.isfile(path):  # can be read again if the fast reader fails
+            return io.BufferedReader(_GzipFile(path), buffer_size=1 << 17)
         return igzip_threaded.open(path, "rb", threads=1)
     return open(path, "rb", buffering=1 << 20)
 
@@ -93,8 +226,11 @@ def iter_lines(path: str, keepends: bool = False) -> Iterator[tuple[int, str]]:
     try:
         with contextlib.closing(open_input(path)) as f:
             for lineno, raw in enumerate(f, 1):
+                if not raw.endswith(b"\n"):  # the last line: not one cut by damage
+                    _raise_held_error(f)
                 line = decode_line(raw, path, lineno)
                 yield lineno, (line if keepends else line.rstrip("\r\n"))
+            _raise_held_error(f)
     except GZIP_ERRORS as e:  # raised by the decompressor only: a consumer's errors never enter a generator
         raise gzip_error(path, lineno, e) from None
 
@@ -105,8 +241,11 @@ def iter_raw_windows(path: str, size: int) -> Iterator[tuple[int, list[bytes]]]:
     try:
         with contextlib.closing(open_input(path)) as f:
             while lines := list(itertools.islice(f, size)):
+                if not lines[-1].endswith(b"\n"):
+                    _raise_held_error(f)
                 yield first, lines
                 first += len(lines)
+            _raise_held_error(f)
     except GZIP_ERRORS as e:  # the lines of the window being read are lost with the stream
         raise gzip_error(path, first - 1, e) from None
 
@@ -153,6 +292,8 @@ def iter_line_blocks(path: str, lines: int, start: int = 0, first_line: int = 1,
                     pieces.append(chunk[cut:])
                     have += len(newlines) - used
             tail = b"".join(pieces)
+            if want > 0:
+                _raise_held_error(f)
             if want > 0 and tail:
                 yield first, tail
     except GZIP_ERRORS as e:  # the lines of the block being read are lost with the stream
@@ -216,7 +357,8 @@ def _host_tag() -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process `pid` exists on this host (one of another user counts as alive)."""
+    """Whether a process `pid` runs on this host (one of another user counts as alive; a zombie, dead but
+    not yet reaped by its parent, does not)."""
     if pid <= 0:
         return False
     try:
@@ -225,7 +367,12 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # gone meanwhile, or no /proc to tell (not Linux: alive, as kill() said)
+        return not os.path.exists("/proc/self/stat")
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] != b"Z"
 
 
 def remove_stale_temporaries(folder: str, name: str) -> list[str]:

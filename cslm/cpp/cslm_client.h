@@ -48,6 +48,7 @@ enum ErrorCode {
   kErrUnknownType = 6,
   kErrShuttingDown = 7,
   kErrInternal = 8,
+  kErrBusy = 9,  // at its connection limit with every connection busy: try again later
 };
 
 class Error : public std::runtime_error {

@@ -299,7 +299,8 @@ void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float*
     } catch (const cslm::ServerError& e) {
       td.client.reset();
       last_error = e.what();
-      if (e.code() != cslm::kErrShuttingDown) break;  // a refused request: retrying will not help
+      // a refused request: retrying will not help; a server shutting down or busy: a new connection may
+      if (e.code() != cslm::kErrShuttingDown && e.code() != cslm::kErrBusy) break;
     } catch (const cslm::Error& e) {
       td.client.reset();
       last_error = e.what();
