@@ -287,24 +287,26 @@ def mert_curves(work: Path, systems: list[str], dev_ref: Path, tuner: str = "mer
     return curves
 
 
-# A tuning whose decoded dev BLEU never rises FAIL_GAIN above its first iteration's did not tune
-# anything; one that falls COLLAPSE_DROP below it at some iteration collapsed there (the weights
-# the optimiser proposed decode far worse than where it started).
-FAIL_GAIN, COLLAPSE_DROP = 1.0, 1.0
+# A tuning whose decoded dev BLEU never rises FAIL_GAIN above its first iteration's did little;
+# one that falls DIP_DROP below it at some iteration dipped there (the weights the optimiser
+# proposed decode worse than where it started), and one that falls below half of it collapsed.
+FAIL_GAIN, DIP_DROP = 1.0, 1.0
 
 
 def tuning_health(scores: list[float]) -> dict:
     """What a tuning's dev BLEU per iteration says: the first, the best and its iteration (1-based),
     the lowest after the first, and a verdict: 'failed' (the best is the first iteration),
-    'collapsed' (it fell more than COLLAPSE_DROP below the first), 'weak' (the best is less than
-    FAIL_GAIN above the first), else 'ok'."""
+    'collapsed' (it fell below half of the first), 'dipped' (more than DIP_DROP below the first),
+    'weak' (the best is less than FAIL_GAIN above the first), else 'ok'."""
     first, best = scores[0], max(scores)
     best_at = scores.index(best) + 1
     lowest = min(scores[1:]) if len(scores) > 1 else first
     if best_at == 1:
         verdict = "failed"
-    elif lowest < first - COLLAPSE_DROP:
+    elif lowest < first / 2:
         verdict = "collapsed"
+    elif lowest < first - DIP_DROP:
+        verdict = "dipped"
     elif best < first + FAIL_GAIN:
         verdict = "weak"
     else:
@@ -431,8 +433,9 @@ def report(args) -> None:
             bad = sum(v in ("failed", "collapsed") for v in health)
             lines += ["", f"Tunings: dev BLEU (tokenized, lowercased) of each iteration's decoded 1-best. 'failed': the "
                       f"best iteration is the first (the tuning kept its starting weights); 'collapsed': an iteration "
-                      f"fell more than {COLLAPSE_DROP:.1f} below the first; 'weak': the best is less than {FAIL_GAIN:.1f} "
-                      f"above the first. {bad} of {len(health)} tunings failed or collapsed.", "",
+                      f"fell below half of the first; 'dipped': more than {DIP_DROP:.1f} below the first; 'weak': the "
+                      f"best is less than {FAIL_GAIN:.1f} above the first. {bad} of {len(health)} tunings failed or "
+                      f"collapsed, {health.count('dipped')} dipped.", "",
                       "| Tuning | iterations | dev BLEU, iteration 1 | best (iteration) | lowest after 1 | verdict |",
                       "|---|---:|---:|---:|---:|---|", *_health_rows(curves)]
             if args.plot:

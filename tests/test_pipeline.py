@@ -394,12 +394,14 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     assert (tmp_path / "mert.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("**BUDGET=1 (a test)**") and "`mert.png`" in report
-    assert "| RNN mert-1 | 3 | " in report and report.count("| ok |") == 4 and "0 of 4 tunings failed" in report
+    assert "| RNN mert-1 | 3 | " in report and report.count("| ok |") == 4
+    assert "0 of 4 tunings failed or collapsed, 0 dipped" in report
 
 
 @pytest.mark.parametrize("scores,verdict", [
     ([10.8, 0.9, 10.5, 10.7], "failed"),       # the best is the first: it kept its starting weights
     ([10.8, 0.9, 10.5, 12.4], "collapsed"),    # fell 9.9 below the first, then climbed
+    ([10.8, 9.4, 11.0, 12.4], "dipped"),       # fell 1.4 below the first
     ([10.8, 10.5, 11.2, 11.3], "weak"),        # never 1.0 above the first
     ([10.8, 10.2, 11.9, 12.1], "ok"),
     ([10.8], "failed"),
@@ -429,7 +431,7 @@ def test_report_says_which_tunings_failed(tmp_path):
     verdicts = {line.split(" | ")[0][2:]: line.rstrip(" |").split(" | ")[-1] for line in report.splitlines()
                 if line.startswith("| Baseline pro-")}
     assert verdicts == {"Baseline pro-1": "collapsed", "Baseline pro-2": "failed", "Baseline pro-3": "ok"}
-    assert "2 of 3 tunings failed or collapsed" in report
+    assert "2 of 3 tunings failed or collapsed, 0 dipped" in report
 
 
 @pytest.mark.parametrize("tuner", ["mert", "kbmira", "pro"])
