@@ -39,6 +39,13 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def default_sighup() -> None:
+    """preexec_fn of the processes that tests send SIGHUP to: SIGHUP as a terminal delivers it, even when the
+    test run itself was started under nohup (an ignored signal stays ignored across exec, and the commands
+    rightly keep it so)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def kill_group(pgid: int) -> None:
     """Kill whatever a failed test left of process group `pgid` (the test's own processes only)."""
     try:
@@ -61,7 +68,7 @@ def start_scoring_from_a_held_pipe(tiny_model, example_table, out: Path) -> tupl
     p = subprocess.Popen([sys.executable, "-m", "moses_rnn.cli", "score", "-", "-m", str(tiny_model), "-o", str(out),
                           "--workers", "2", "--window", "200", "--device", "cpu", "--quiet"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=default_sighup)
     data = table_bytes(example_table, 3 << 19)[: 3 << 19]  # 1.5 MB: the reader takes 1 MB, waits for 1 MB more
     p.stdin.write(data)
     p.stdin.flush()
@@ -156,7 +163,8 @@ def serve_with_open_file_limit(model_dir: Path, tmp_path: Path, nofile: int, *ex
     with open(err, "wb") as stderr:
         proc = subprocess.Popen([sys.executable, "-c", boot, "serve", str(model_dir), "--port", "0", "--port-file",
                                  str(port_file), "--device", "cpu", *map(str, extra)],
-                                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+                                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                                preexec_fn=default_sighup)
     deadline = time.monotonic() + 60
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
