@@ -3,7 +3,7 @@
     python mt.py prepare --src en --trg fr IN_PREFIX OUT_PREFIX [--lines N] [--max-len 80] [--max-ratio 9]
     python mt.py symmetrize FWD REV OUT          # grow-diag-final-and, Pharaoh "i-j" links
     python mt.py detok --lang fr IN OUT
-    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--test-ref REF] [--dev-ref REF --plot PNG]
+    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--tuner mert] [--test-ref REF] [--dev-ref REF --plot PNG]
     python mt.py reweight FILTERED.ini TUNED.ini -o OUT.ini   # TUNED's weights in the filtered model
     python mt.py table-path MOSES.ini [--table NAME]          # the file of a phrase table (the first)
     python mt.py best-iteration MERT.log                      # the iteration --return-best-dev kept
