@@ -353,7 +353,8 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
 def report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
     the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
-    each, and approximate randomization over all tunings of both systems together (significance.py);
+    each, and approximate randomization and a bootstrap over all tunings of both systems together
+    (significance.py);
     the health of every tuning; the networks, perplexities and step times."""
     from significance import approximate_randomization, bootstrap
 
@@ -384,10 +385,10 @@ def report(args) -> None:
                 base_out = [_lines(d / "test.detok") for d in base_runs.values() if (d / "test.detok").exists()]
                 mine_out = [_lines(d / "test.detok") for d in runs.values() if (d / "test.detok").exists()]
                 if base_out and mine_out:
-                    tests = [test(reference, base_out, mine_out, samples=args.ar_samples)
-                             for test in (approximate_randomization, bootstrap)]
-                    p_all = [f"{t.p_value:.4f}" for t in tests]
-                    all_descriptions = [t.description for t in tests]
+                    over_all = [method(reference, base_out, mine_out, samples=args.ar_samples)
+                                for method in (approximate_randomization, bootstrap)]
+                    p_all = [f"{r.p_value:.4f}" for r in over_all]
+                    all_descriptions = [r.description for r in over_all]
         gain_cell = (" / ".join(f"{g:+.2f}" for g in gains) + (f" (min {min(gains):+.2f})" if len(gains) > 1 else "")
                      if gains else "–")
         rows.append(f"| {LABELS.get(system, system)} | {len(test)} | {cells[0]} | {cells[1]} | {gain_cell} | "
@@ -530,7 +531,7 @@ def main(argv=None) -> None:
     a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
     a.add_argument("--tuner", default="mert", choices=sorted(TUNER_FLAGS), help="whose tunings: systems/S/TUNER-K")
     a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
-    a.add_argument("--ar-samples", type=int, default=10000, help="approximate randomization samples")
+    a.add_argument("--ar-samples", type=int, default=10000, help="samples of the two tests over all tunings")
     a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")
     a.add_argument("--plot", help="PNG of the dev BLEU of every MERT iteration of every tuning")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
