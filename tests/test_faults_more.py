@@ -244,11 +244,18 @@ def test_idle_connections_cannot_lock_a_client_out_under_ulimit_256(tmp_path, ti
         for s in socks:
             s.close()
         kill_group(proc.pid)
+    text, lines = rate_limited_lines(err, "connection limit (128, --max-connections)")
+    assert any(line.endswith(" s)") and "more like this in the last" in line for line in lines), text
+
+
+def rate_limited_lines(err: Path, event: str) -> tuple[str, list[str]]:
+    """The server's stderr and its lines about `event`: stderr small and without a traceback, and the event
+    logged one to four times (one line at once, then one per 10 s counting those held back)."""
     text = err.read_text()
     assert len(text) < 4000 and "Traceback" not in text, text[:4000]
-    lines = [line for line in text.splitlines() if "connection limit (128, --max-connections)" in line]
-    assert 1 <= len(lines) <= 4, text  # one at once, then one per 10 s counting those held back
-    assert any(line.endswith(" s)") and "more like this in the last" in line for line in lines), text
+    lines = [line for line in text.splitlines() if event in line]
+    assert 1 <= len(lines) <= 4, text
+    return text, lines
 
 
 def test_accept_errors_are_one_line_per_interval_and_free_a_descriptor(tmp_path, tiny_cslm):
@@ -271,10 +278,7 @@ def test_accept_errors_are_one_line_per_interval_and_free_a_descriptor(tmp_path,
         for s in socks:
             s.close()
         kill_group(proc.pid)
-    text = err.read_text()
-    assert len(text) < 4000 and "Traceback" not in text, text[:4000]
-    lines = [line for line in text.splitlines() if "Too many open files" in line]
-    assert 1 <= len(lines) <= 4, text
+    text, lines = rate_limited_lines(err, "Too many open files")
     assert "socket.accept() out of system resource: Too many open files (open-file limit 40, " \
            "--max-connections 100)" in lines[0], text
     assert any("more like this in the last" in line for line in lines), text
