@@ -163,6 +163,28 @@ def test_prepare_and_align_on_a_slice(tmp_path, shared_data):
     assert "Nothing to be done" in r.stdout or "is up to date" in r.stdout
 
 
+def test_prepare_keeps_an_unchanged_output_and_its_time(tmp_path):
+    """A corpus copied again (new time stamp, same text) must not make every later step out of date."""
+    corpus = tmp_path / "c"
+    (tmp_path / "c.en").write_text("Hello, world.\nThe cat sat.\n", encoding="utf-8")
+    (tmp_path / "c.fr").write_text("Bonjour, le monde.\nLe chat était assis.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["prepare", str(corpus), str(out), "--src", "en", "--trg", "fr"]
+    mt.main(argv)
+    files = [tmp_path / f"out.{x}" for x in ("en", "fr", "ref.fr")]
+    for f in files:
+        os.utime(f, ns=(10**18, 10**18))  # an old time stamp, as a built work folder has
+    os.utime(tmp_path / "c.en")  # the corpus "copied again": newer than the outputs
+    mt.main(argv)
+    assert [f.stat().st_mtime_ns for f in files] == [10**18] * 3
+    assert files[1].read_text(encoding="utf-8").splitlines() == ["bonjour , le monde .", "le chat était assis ."]
+    (tmp_path / "c.fr").write_text("Bonjour.\nLe chat.\n", encoding="utf-8")  # a real change is written
+    mt.main(argv)
+    assert files[1].read_text(encoding="utf-8").splitlines() == ["bonjour .", "le chat ."]
+    assert files[0].stat().st_mtime_ns == 10**18 and files[1].stat().st_mtime_ns > 10**18
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_grow_diag_final_and():
     fwd = {(0, 0), (1, 2), (2, 1)}
     rev = {(0, 0), (1, 1), (1, 2), (3, 3)}
