@@ -9,6 +9,7 @@
     python mt.py best-iteration MERT.log                      # the iteration --return-best-dev kept
     python mt.py positive MOSES.ini FEATURE...                # mert's -P list: every score of each FEATURE
     python mt.py timed TIMES.tsv STEP -- COMMAND...           # run COMMAND, log its wall time
+    python mt.py preflight --moses DIR [--tuner T] [--cslm-systems]  # every tool a run needs, checked first
 
 Every output is written atomically (a temporary file renamed on success), so
 make never sees a half-written file.
@@ -507,6 +508,46 @@ def best_iteration(args) -> None:
     print(best)
 
 
+# What a run of the pipeline calls, checked before its first step (preflight):
+# Moses's programs and scripts, by tuner and by step, and the Python packages.
+MOSES_NEEDS = ["bin/moses", "bin/lmplz", "bin/build_binary", "bin/extract", "bin/score", "bin/consolidate",
+               "bin/lexical-reordering-score", "bin/extractor", "bin/evaluator",
+               "scripts/training/train-model.perl", "scripts/training/mert-moses.pl",
+               "scripts/training/filter-model-given-input.pl"]
+TUNER_NEEDS = {"mert": ["bin/mert"], "kbmira": ["bin/kbmira"], "pro": ["bin/mert", "bin/pro"]}
+
+
+def preflight(args) -> None:
+    """Check, before a run starts, every program and package its steps will call, and stop with
+    one line naming all that is missing; print nothing when all is there.
+
+    A step hours into a run (the report's `cslm eval --kenlm`, PRO's optimiser) must not be the
+    first to find that something was never installed.
+    """
+    import importlib.util
+    import os
+    import shutil
+
+    missing = []
+    moses = Path(args.moses)
+    for rel in MOSES_NEEDS + TUNER_NEEDS[args.tuner]:
+        if not (moses / rel).is_file():
+            missing.append(f"{moses / rel}")
+    for tool in ["perl", args.moses_rnn, args.sacrebleu, args.eflomal] + ([args.cslm] if args.cslm_systems else []):
+        if shutil.which(tool) is None and not os.access(tool, os.X_OK):
+            missing.append(f"{tool} (not on PATH)")
+    packages = {"sacremoses": "pipeline", "matplotlib": "pipeline"}
+    if args.cslm_systems:
+        packages["kenlm"] = "pipeline"  # the report's cslm eval --kenlm
+    if args.tuner == "pro":
+        packages["scipy"] = "pipeline"  # megam.py, PRO's optimiser
+    for module, extra in packages.items():
+        if importlib.util.find_spec(module) is None:
+            missing.append(f"Python package {module} (pip install -e '.[{extra}]')")
+    if missing:
+        raise SystemExit("pipelines: missing before the run starts: " + "; ".join(missing))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -556,6 +597,15 @@ def main(argv=None) -> None:
     a.add_argument("ini")
     a.add_argument("features", nargs="+", help="feature names (LexicalReordering0 ...)")
     a.set_defaults(fn=positive)
+    a = sub.add_parser("preflight")
+    a.add_argument("--moses", required=True, help="the Moses checkout (with bin/ built)")
+    a.add_argument("--tuner", default="mert", choices=sorted(TUNER_NEEDS))
+    a.add_argument("--moses-rnn", default="moses-rnn")
+    a.add_argument("--cslm", default="cslm")
+    a.add_argument("--sacrebleu", default="sacrebleu")
+    a.add_argument("--eflomal", default="eflomal-align")
+    a.add_argument("--cslm-systems", action="store_true", help="the run has CSLM systems (cslm, kenlm needed)")
+    a.set_defaults(fn=preflight)
     a = sub.add_parser("best-iteration")
     a.add_argument("log", help="mert-moses.pl's log (stdout)")
     a.set_defaults(fn=best_iteration)

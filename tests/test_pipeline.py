@@ -119,8 +119,9 @@ def test_missing_corpus_is_named_in_one_line(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-@pytest.mark.parametrize("target", ["phrases", "lm", "tune-baseline", "eval-rnn", "report"])
+@pytest.mark.parametrize("target", ["phrases", "lm", "rnn", "cslm", "tune-baseline", "eval-rnn", "report", "W/rnn/model/.done"])
 def test_moses_steps_need_moses(tmp_path, target):
+    target = target.replace("W/", f"{tmp_path / 'w'}/")  # a file named as the goal
     r = _make(target, WORK=str(tmp_path / "w"))
     assert r.returncode != 0
     msg = [line for line in r.stderr.splitlines() if line.strip()]
@@ -456,14 +457,41 @@ def test_report_says_which_tunings_failed(tmp_path):
     assert "2 of 3 tunings failed or collapsed, 0 dipped" in report
 
 
+def _fake_moses(root: Path, tuner: str = "mert") -> Path:
+    """A Moses folder with (empty) every program and script a run calls, as preflight checks them."""
+    for rel in ["bin/moses"] + mt.MOSES_NEEDS + mt.TUNER_NEEDS[tuner]:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    return root
+
+
+def test_a_run_checks_every_tool_before_its_first_step(tmp_path):
+    moses = tmp_path / "moses"
+    (moses / "bin").mkdir(parents=True)
+    (moses / "bin" / "moses").touch()
+    r = _make("report", WORK=str(tmp_path / "w"), MOSES=str(moses), TUNER="pro", EFLOMAL="no-such-aligner")
+    assert r.returncode != 0
+    msg = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(msg) == 1 and "missing before the run starts" in msg[0], r.stderr
+    for name in ["bin/lmplz", "bin/mert", "bin/pro", "mert-moses.pl", "no-such-aligner (not on PATH)"]:
+        assert name in msg[0]
+    assert "bin/kbmira" not in msg[0]
+    assert not (tmp_path / "w").exists()
+    # with everything there, the same goal plans its steps
+    _fake_moses(moses, "pro")
+    r = _make("-q", "report", WORK=str(tmp_path / "w"), MOSES=str(moses), TUNER="pro")
+    assert "missing" not in r.stderr and r.returncode == 1, r.stderr  # -q: out of date, nothing run
+    # prepare and align need no Moses
+    r = _make("-q", "align", WORK=str(tmp_path / "w"))
+    assert "MOSES" not in r.stderr
+
+
 @pytest.mark.parametrize("tuner", ["mert", "kbmira", "pro"])
 def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, tuner):
     """tune-SYSTEM runs mert-moses.pl with --continue when the working folder holds a finished
     iteration (finished_step.txt), keeping that work; otherwise it starts in an empty folder.
     Each tuner gets its own options and the run's seed; PRO gets a mertdir with megam in it."""
-    moses = tmp_path / "moses"
-    (moses / "scripts" / "training").mkdir(parents=True)
-    (moses / "bin").mkdir()
+    moses = _fake_moses(tmp_path / "moses", tuner)
     fake = moses / "scripts" / "training" / "mert-moses.pl"  # records its arguments, writes moses.ini
     fake.write_text('#!/bin/sh\nwd=""; md=""; prev=""\n'
                     'for a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; [ "$prev" = --mertdir ] && md=$a; prev=$a; done\n'
@@ -558,7 +586,8 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     for d in ("rnn", "cslm"):
         (work / d / "model").mkdir(parents=True)
     (work / "rnn" / "model" / "checkpoint.pt").write_bytes(b"state")  # the RNN was interrupted
-    r = _make(*old, *targets, MOSES_RNN=str(fake), CSLM=str(fake), WORK=str(work))
+    moses = _fake_moses(tmp_path / "moses")
+    r = _make(*old, *targets, MOSES_RNN=str(fake), CSLM=str(fake), WORK=str(work), MOSES=str(moses))
     assert r.returncode == 0, r.stdout + r.stderr
     rnn, cslm = (tmp_path / "fake-train.args").read_text().splitlines()
     assert rnn.startswith("train ") and "phrase-table.gz" in rnn and rnn.endswith("--resume --quiet")
@@ -566,7 +595,7 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     # a finished model whose phrase table changed is trained afresh, not continued
     os.utime(work / "rnn" / "model" / ".done", (1, 1))
     made = [str(work / "align" / "aligned.grow-diag-final-and"), str(work / "lm" / "lm.fr.blm")]
-    r = _make("-o", made[0], "-o", made[1], targets[0], MOSES_RNN=str(fake), WORK=str(work))
+    r = _make("-o", made[0], "-o", made[1], targets[0], MOSES_RNN=str(fake), WORK=str(work), MOSES=str(moses))
     assert r.returncode == 0, r.stdout + r.stderr
     again = (tmp_path / "fake-train.args").read_text().splitlines()[-1]
     assert again.startswith("train ") and "--resume" not in again
