@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# build-moses.sh MOSES_CHECKOUT [JOBS] -- add the CSLM feature function to a Moses
+# checkout (add-to-moses.sh) and build, with bjam, only the programs that
+# pipelines/Makefile uses, installed into MOSES_CHECKOUT/bin:
+#   moses                                  the decoder
+#   lmplz build_binary                     KenLM (the lm step)
+#   extract score consolidate lexical-reordering-score
+#                                          train-model.perl steps 4-9 (the phrases step)
+#   extractor mert kbmira pro evaluator    mert-moses.pl (TUNER=mert, kbmira or pro)
+# filter-model-given-input.pl needs no compiled program. JOBS: parallel compilations
+# (default: the number of cores). Tested with mosesdecoder 34452895f
+# (github.com/moses-smt/mosesdecoder); needs a C++ compiler and the Boost, zlib,
+# bzip2 and lzma headers (Debian/Ubuntu: apt-get install g++ libboost-all-dev
+# zlib1g-dev libbz2-dev liblzma-dev). See docs/moses-feature.md.
+set -euo pipefail
+usage="usage: build-moses.sh MOSES_CHECKOUT [JOBS]"
+[ $# -ge 1 ] && [ $# -le 2 ] || { echo "$usage" >&2; exit 2; }
+moses=$1
+jobs=${2:-$(nproc 2>/dev/null || echo 2)}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "build-moses.sh: JOBS must be a positive whole number, not '$jobs' ($usage)" >&2; exit 2; }
+[ -d "$moses" ] || { echo "build-moses.sh: $moses is not a directory ($usage)" >&2; exit 1; }
+[ -f "$moses/Jamroot" ] && [ -x "$moses/bjam" ] \
+  || { echo "build-moses.sh: $moses has no Jamroot and bjam: is it a mosesdecoder checkout?" >&2; exit 1; }
+here=$(cd "$(dirname "$0")" && pwd)
+moses=$(cd "$moses" && pwd)
+[[ $moses =~ [[:space:]] ]] && { echo "build-moses.sh: $moses contains white space, which bjam cannot build in" >&2; exit 1; }
+
+"$here/add-to-moses.sh" "$moses" > /dev/null   # idempotent: sources refreshed, hooks added once
+
+programs=(moses lmplz build_binary extract score consolidate lexical-reordering-score extractor mert kbmira pro evaluator)
+# bjam targets are the installed files' absolute paths: a bare name such as `moses`
+# or `mert` would name a Moses subproject (a library), not the program in bin/.
+targets=()
+for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
+echo "build-moses.sh: CSLM added to $moses; building ${#programs[@]} programs with bjam -j $jobs" >&2
+cd "$moses"
+./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c "${targets[@]}"
+
+missing=()
+for p in "${programs[@]}"; do [ -x "bin/$p" ] || missing+=("bin/$p"); done
+[ ${#missing[@]} -eq 0 ] || { echo "build-moses.sh: bjam finished but ${missing[*]} missing in $moses" >&2; exit 1; }
+echo "build-moses.sh: built $moses/bin/{$(IFS=,; echo "${programs[*]}")}; run the pipeline with MOSES=$moses" >&2
