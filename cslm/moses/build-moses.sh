@@ -29,7 +29,7 @@ moses=$(cd "$moses" && pwd)
 
 programs=(moses lmplz build_binary extract score consolidate lexical-reordering-score extractor mert kbmira pro evaluator)
 # bjam targets are the installed files' absolute paths: a bare name such as `moses`
-# or `mert` would name a Moses subproject (a library), not the program in bin/.
+# or `mert` would name a Moses subproject (its folder), not the program in bin/.
 targets=()
 for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
 echo "build-moses.sh: CSLM added to $moses; building ${#programs[@]} programs with bjam -j $jobs" >&2
