@@ -38,6 +38,9 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
                  "moses-rnn train", "moses-rnn score", "cslm train", "ini add-columns", "ini add-feature",
                  "mt.py detok", "sacrebleu", "mt.py report", "--self-norm 0.1"]:
         assert step in plan, step
+    # the sorted extracts go once the tables are built, before the folder is renamed; lex.* stay
+    assert plan.index("extract.*sorted.gz") < plan.index(f"mv {tmp_path}/w/train.tmp {tmp_path}/w/train")
+    assert "rm -f" in plan.splitlines()[[i for i, l in enumerate(plan.splitlines()) if "extract.*sorted.gz" in l][0]]
     for system in mt.SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
         for k in (1, 2, 3):
             assert f"systems/{system}/mert-{k}/mert" in plan and f"systems/{system}/mert-{k}/$set.ini" in plan
