@@ -289,6 +289,7 @@ void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float*
     return;
   }
   std::string last_error;
+  bool refused = false;  // the server answered with an error that no retry can mend
   for (int attempt = 0; attempt <= m_retries; ++attempt) {
     try {
       if (!td.client || !td.client->connected()) Connect(td);
@@ -300,7 +301,10 @@ void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float*
       td.client.reset();
       last_error = e.what();
       // a refused request: retrying will not help; a server shutting down or busy: a new connection may
-      if (e.code() != cslm::kErrShuttingDown && e.code() != cslm::kErrBusy) break;
+      if (e.code() != cslm::kErrShuttingDown && e.code() != cslm::kErrBusy) {
+        refused = true;
+        break;
+      }
     } catch (const cslm::Error& e) {
       td.client.reset();
       last_error = e.what();
@@ -315,8 +319,12 @@ void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float*
   }
   if (!last_error.empty()) {
     std::ostringstream msg;
-    msg << "lost the CSLM server at " << m_host << ":" << m_port << " (" << last_error << ") after " << m_retries
-        << " retries; stopping the decoder";
+    if (refused)
+      msg << "the CSLM server at " << m_host << ":" << m_port << " refused a request (" << last_error
+          << "); stopping the decoder";
+    else
+      msg << "lost the CSLM server at " << m_host << ":" << m_port << " (" << last_error << ") after " << m_retries
+          << " retries; stopping the decoder";
     Fatal(msg.str());
   }
   for (size_t k = 0; k < count; ++k)
