@@ -20,7 +20,7 @@ import time
 from cslm.apply import perplexity
 from common import emit
 from cslm.engine import Engine, KenLMBackoff
-from moses_rnn.textio import iter_lines
+from mtcommon.textio import iter_lines
 
 
 def main() -> None:

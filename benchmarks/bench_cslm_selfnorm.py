@@ -38,8 +38,8 @@ from common import SHARED, emit
 from cslm.data import build_vocab, sentence_ngrams
 from cslm.engine import Engine
 from cslm.model import CSLM, parameter_count, preset_config
-from moses_rnn.textio import iter_lines
-from moses_rnn.vocab import BOS, EOS
+from mtcommon.textio import iter_lines
+from mtcommon.vocab import BOS, EOS
 
 TEST_TEXT = SHARED / "en-fr-moses" / "test.tok.fr"  # optional here: synthetic n-grams without it
 TRAIN_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"

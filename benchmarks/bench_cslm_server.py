@@ -26,7 +26,7 @@ import numpy as np
 from cslm.client import AsyncClient, Client
 from common import emit
 from cslm.engine import Engine
-from moses_rnn.textio import iter_lines
+from mtcommon.textio import iter_lines
 
 
 def load_ngrams(engine: Engine, text: str, limit: int) -> np.ndarray:

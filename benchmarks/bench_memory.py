@@ -21,7 +21,7 @@ from common import REAL_TABLE, require_shared, table_slice, untrained_model_dir,
 CHILD = """
 import resource, sys
 from moses_rnn.score import PhraseScorer, default_workers, score_table
-from moses_rnn.runtime import configure_threads, resolve_device
+from mtcommon.runtime import configure_threads, resolve_device
 if __name__ == "__main__":
     cpu = resolve_device("cpu")
     scorer = PhraseScorer.from_dir(sys.argv[1], device="cpu")

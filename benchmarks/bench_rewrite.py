@@ -20,7 +20,7 @@ import time
 
 from common import emit, require_shared, table_slice, untrained_model_dir, workdir
 from moses_rnn.score import score_table, setup_scoring
-from moses_rnn.textio import atomic_output, open_input
+from mtcommon.textio import atomic_output, open_input
 
 
 def main():

@@ -26,8 +26,8 @@ from moses_rnn.modelbase import PRESETS, parameter_count, preset_config
 from moses_rnn.modelio import LoadedModel, build_model
 from moses_rnn.phrasetable import read_phrase_table
 from moses_rnn.score import PhraseScorer, score_table
-from moses_rnn.runtime import configure_threads, resolve_device
 from moses_rnn.train import build_vocabularies
+from mtcommon.runtime import configure_threads, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TABLE = ROOT.parent / "shared" / "data" / "en-fr-moses" / "phrase-table.gz"

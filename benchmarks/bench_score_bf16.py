@@ -32,8 +32,8 @@ import torch
 
 from common import emit, gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
-from moses_rnn.runtime import configure_threads, resolve_device
 from moses_rnn.score import PhraseScorer
+from mtcommon.runtime import configure_threads, resolve_device
 
 TIES = (0.0, 0.01, 0.05, 0.1)
 

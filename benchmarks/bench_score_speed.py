@@ -25,8 +25,8 @@ import torch
 
 from common import emit, gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.phrasetable import read_phrase_table
-from moses_rnn.runtime import configure_threads, cpu_has_bf16, resolve_device
 from moses_rnn.score import PhraseScorer
+from mtcommon.runtime import configure_threads, cpu_has_bf16, resolve_device
 
 
 def matmul_rate(device: torch.device, n: int = 2048, dtype: torch.dtype = torch.float32) -> float:

@@ -42,7 +42,7 @@ from common import REAL_TABLE, SHARED, emit, require_shared, table_slice  # noqa
 from cslm.model import preset_config as cslm_preset  # noqa: E402
 from moses_rnn.modelbase import preset_config  # noqa: E402
 from moses_rnn.modelio import build_model  # noqa: E402
-from moses_rnn.runtime import cpu_count, cpu_has_bf16  # noqa: E402
+from mtcommon.runtime import cpu_count, cpu_has_bf16  # noqa: E402
 
 FR_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"
 

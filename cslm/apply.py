@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from moses_rnn.errors import UserError
-from moses_rnn.textio import InputError, atomic_output, iter_lines
-from moses_rnn.vocab import BOS, EOS
+from mtcommon.errors import UserError
+from mtcommon.textio import InputError, atomic_output, iter_lines
+from mtcommon.vocab import BOS, EOS
 
 from .protocol import BACKOFF, UNKNOWN
 

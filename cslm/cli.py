@@ -8,12 +8,12 @@ import sys
 
 import click
 
-from moses_rnn.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 
 def _threads(n):
-    """The project's one thread policy (moses_rnn.runtime): N threads if given, else all cores."""
-    from moses_rnn.runtime import configure_threads, resolve_device
+    """The project's one thread policy (mtcommon.runtime): N threads if given, else all cores."""
+    from mtcommon.runtime import configure_threads, resolve_device
 
     configure_threads(resolve_device("cpu"), n)
 

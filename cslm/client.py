@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from moses_rnn.errors import UserError
+from mtcommon.errors import UserError
 
 from . import protocol as P
 

@@ -21,9 +21,9 @@ from typing import Iterator
 
 import numpy as np
 
-from moses_rnn.errors import UserError
-from moses_rnn.textio import iter_lines
-from moses_rnn.vocab import BOS, EOS, UNK, Vocabulary
+from mtcommon.errors import UserError
+from mtcommon.textio import iter_lines
+from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
 RESERVED = (EOS, BOS, UNK)  # ids 0, 1, 2 in every CSLM vocabulary
 

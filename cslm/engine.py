@@ -51,9 +51,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from moses_rnn.errors import UserError
-from moses_rnn.runtime import resolve_device
-from moses_rnn.vocab import BOS, EOS, Vocabulary
+from mtcommon.errors import UserError
+from mtcommon.runtime import resolve_device
+from mtcommon.vocab import BOS, EOS, Vocabulary
 
 from . import modeldir
 from .data import sentence_ngrams

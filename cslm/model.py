@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from moses_rnn.errors import UserError
+from mtcommon.errors import UserError
 
 
 @dataclass

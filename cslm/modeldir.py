@@ -5,7 +5,7 @@
     MODEL_DIR/cslm.vocab         the shortlist, `word<TAB>count` per line in id order
     MODEL_DIR/checkpoint.pt      training state for --resume (loaded with weights_only=True)
 
-The files are written and read by `moses_rnn.modeldir`, as the phrase
+The files are written and read by `mtcommon.modeldir`, as the phrase
 models' are; only the CSLM's config, vocabulary and model class are here.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from moses_rnn import modeldir
-from moses_rnn.vocab import Vocabulary
+from mtcommon import modeldir
+from mtcommon.vocab import Vocabulary
 
 from .model import CSLM, CSLMConfig
 
@@ -53,7 +53,7 @@ def load_vocab(model_dir: str, size: int | None = None) -> Vocabulary:
 
 
 def load(model_dir: str, device: str | torch.device = "cpu") -> LoadedCSLM:
-    """Every file of a CSLM directory, checked by `moses_rnn.modeldir` (a ModelError naming the bad one)."""
+    """Every file of a CSLM directory, checked by `mtcommon.modeldir` (a ModelError naming the bad one)."""
     cfg, meta = read_config(model_dir)
     vocab = load_vocab(model_dir, cfg.vocab_size)
     model = modeldir.load_weights(model_dir, lambda: CSLM(cfg), device)

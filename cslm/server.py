@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from moses_rnn.errors import UserError
+from mtcommon.errors import UserError
 
 from . import protocol as P
 from .engine import Engine
@@ -580,7 +580,7 @@ def shutdown_summary(stats: dict) -> str:
 
 def write_port_file(path: str, port: int) -> None:
     """The bound port, written atomically: a reader never sees a partial number."""
-    from moses_rnn.textio import atomic_output
+    from mtcommon.textio import atomic_output
 
     with atomic_output(path, compress=False) as f:
         f.write(f"{port}\n".encode())

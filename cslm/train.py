@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from moses_rnn.errors import UserError
-from moses_rnn.trainer import Trainer, apply_recipe
+from mtcommon.errors import UserError
+from mtcommon.trainer import Trainer, apply_recipe
 
 from . import modeldir
 from .data import build_vocab, heldout_ngrams, scan_corpus, stream_batches

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from mtcommon.errors import UserError
+from mtcommon.vocab import EOS
+
 from .analyze import _pyplot, save_figure
-from .errors import UserError
 from .generate import Generator
-from .vocab import EOS
 
 
 @dataclass

@@ -29,9 +29,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .errors import UserError
+from mtcommon.errors import UserError
+from mtcommon.textio import InputError, atomic_output
+
 from .phrasetable import read_phrase_table
-from .textio import InputError, atomic_output
 
 
 # ---------------------------------------------------------------------------
@@ -367,7 +368,7 @@ def phrase_map(loaded, table: str, output: str, phrases: int = 1000, labels: int
 def training_history(model_dir: str) -> list[dict]:
     """Held-out perplexity after each evaluation of a training run (from its checkpoint.pt):
     dicts with step, train_seconds, examples_seen, valid_ppl. Works for both networks."""
-    from .modeldir import load_checkpoint
+    from mtcommon.modeldir import load_checkpoint
 
     return list(load_checkpoint(model_dir)["loop"].get("history", []))
 

@@ -7,8 +7,9 @@ import os
 
 import click
 
+from mtcommon.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+
 from . import __version__
-from .cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 
 def default_output(table: str, suffix: str = "rnn") -> str:
@@ -108,7 +109,7 @@ def score(table, model_dir, output, normalize, unknown, device, dtype, threads, 
     Sharded over processes or machines with torchrun, e.g.
     `torchrun --nproc-per-node 2 $(which moses-rnn) score TABLE -m MODEL -o OUT` (docs/scoring.md).
     """
-    from .runtime import Distributed
+    from mtcommon.runtime import Distributed
     from .score import setup_scoring, workers_warning
     from .shard import score_table
 
@@ -213,9 +214,9 @@ def _sources(phrases, input_file) -> list[str]:
 
 
 def _generator(model_dir, device):
+    from mtcommon.runtime import resolve_device
     from .generate import Generator
     from .modelio import load_model
-    from .runtime import resolve_device
 
     require_model_dir(model_dir, "moses-rnn")
     return Generator(load_model(model_dir, resolve_device(device)))
@@ -265,7 +266,7 @@ def _with_generation_options(fn):
 def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
            samples, top, seed, tsv):
     """Draw N samples for each source phrase; list the distinct targets by model score, with counts."""
-    from .textio import atomic_output
+    from mtcommon.textio import atomic_output
 
     sources = _sources(phrases, input_file)
     gen = _generator(model_dir, device)
@@ -295,7 +296,7 @@ def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk,
 def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
               beam, n_best, normalize):
     """Beam-search the best target of each source phrase (one line out per phrase in)."""
-    from .textio import atomic_output
+    from mtcommon.textio import atomic_output
 
     sources = _sources(phrases, input_file)
     gen = _generator(model_dir, device)
@@ -324,9 +325,9 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
 @fail_cleanly
 def align(source, target, model_dir, output, beam, device):
     """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
+    from mtcommon.runtime import resolve_device
     from .align import draw_alignment, soft_alignment
     from .modelio import load_model
-    from .runtime import resolve_device
 
     a = soft_alignment(load_model(model_dir, resolve_device(device)), source, target, beam=beam)
     draw_alignment(a, output)
@@ -366,8 +367,8 @@ def _with_columns(fn):
 @fail_cleanly
 def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, top, rare_max, min_targets, seed):
     """Table 2: top targets by the translation model and by the RNN, for long phrases of a scored TABLE."""
+    from mtcommon.textio import atomic_output
     from .analyze import table2
-    from .textio import atomic_output
 
     t = table2(table, tm_column, rnn_column, min_words, per_group, top, rare_max, min_targets, seed)
     with atomic_output(output) as out:

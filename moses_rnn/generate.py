@@ -30,9 +30,10 @@ from typing import Sequence
 
 import torch
 
-from .errors import UserError
+from mtcommon.errors import UserError
+from mtcommon.vocab import EOS
+
 from .modelio import LoadedModel
-from .vocab import EOS
 
 
 @dataclass
@@ -220,7 +221,7 @@ class Generator:
 
 def read_sources(path: str) -> list[str]:
     """Source phrases, one per line, from a plain or gzip file ('-' for stdin)."""
-    from .textio import InputError, iter_lines
+    from mtcommon.textio import InputError, iter_lines
 
     out = []
     for lineno, line in iter_lines(path):

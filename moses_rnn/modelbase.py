@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .errors import UserError
+from mtcommon.errors import UserError
 
 ARCHS = ("encdec", "rnnsearch")
 

@@ -1,6 +1,6 @@
 """A phrase model's directory: weights, configuration and vocabularies, loadable without running code.
 
-The files are written and read by `moses_rnn.modeldir`, as the CSLM's are;
+The files are written and read by `mtcommon.modeldir`, as the CSLM's are;
 this module adds the phrase models' config, vocabularies and constructor.
 
     MODEL_DIR/config.json        {"format": "moses-rnn", "model": ModelConfig, "meta": training metadata}
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import modeldir
+from mtcommon import modeldir
+from mtcommon.vocab import Vocabulary
+
 from .model import EncoderDecoder
 from .modelbase import ModelConfig, PhraseModel
 from .rnnsearch import RNNSearch
-from .vocab import Vocabulary
 
 FORMAT = "moses-rnn"
 SRC_VOCAB, TGT_VOCAB = "src.vocab", "tgt.vocab"

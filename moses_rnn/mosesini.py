@@ -20,8 +20,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from .errors import UserError
-from .textio import InputError
+from mtcommon.errors import UserError
+from mtcommon.textio import InputError
 
 #: Feature types that are phrase tables (their scores are table columns).
 PHRASE_TABLE_TYPES = (
@@ -130,7 +130,7 @@ class MosesIni:
         return text + self.newline if self.trailing_newline and self.lines else text
 
     def write(self, path: str) -> None:
-        from .textio import atomic_output
+        from mtcommon.textio import atomic_output
 
         with atomic_output(path, compress=False) as out:
             out.write(self.render().encode("utf-8"))

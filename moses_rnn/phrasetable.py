@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .textio import InputError, iter_lines
+from mtcommon.textio import InputError, iter_lines
 
 SEP = " ||| "
 MAX_FIELDS = 7
@@ -203,7 +203,7 @@ def split_lines(data: bytes) -> list[bytes]:
 def parse_window_exactly(data: bytes, path: str, first_lineno: int, nscores: int | None = None) -> Window:
     """`parse_window`'s results, line by line through `parse_line`: the reference it is tested against, and
     the path that names the first bad line of a window in order."""
-    from .textio import decode_line
+    from mtcommon.textio import decode_line
 
     sources, targets, insert_at, offset = [], [], [], 0
     for k, raw in enumerate(split_lines(data)):
@@ -237,7 +237,7 @@ def parse_window(data: bytes, path: str, first_lineno: int, nscores: int | None 
     if not data:
         return Window(data, first_lineno, [], [], np.zeros(0, dtype=np.int64))
     if nscores is None:
-        from .textio import decode_line
+        from mtcommon.textio import decode_line
 
         first_line = split_lines(data[: data.find(b"\n") + 1 or len(data)])[0]
         nscores = len(parse_line(decode_line(first_line, path, first_lineno), path, first_lineno).scores)
@@ -323,7 +323,7 @@ def _parse_window_fast(data: bytes, path: str, first_lineno: int, nscores: int) 
     tgt = [data[x:y] for x, y in zip((b1[fast] + 5).tolist(), b2[fast].tolist())]
     insert_at = s1
     if len(fast) < nlines:  # the other lines, through parse_line (an error there is the window's first)
-        from .textio import decode_line
+        from mtcommon.textio import decode_line
 
         sources: list[bytes] = [b""] * nlines
         targets: list[bytes] = [b""] * nlines

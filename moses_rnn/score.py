@@ -53,13 +53,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .errors import UserError
-from .modeldir import ModelError
+from mtcommon.errors import UserError
+from mtcommon.modeldir import ModelError
+from mtcommon.runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, exit_with_parent, resolve_device
+from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
+from mtcommon.vocab import EOS
+
 from .modelio import LoadedModel, load_model
 from .phrasetable import format_columns, parse_line, parse_window, phrase_key
-from .runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, exit_with_parent, resolve_device
-from .textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
-from .vocab import EOS
 
 # Logits computed at once (rows x shortlist) by the prefix-tree decoder: on a CPU a block that stays
 # in a core's L2 cache (1 MB) for the max / exp / sum passes of the in-place normaliser (the tiny

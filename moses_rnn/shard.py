@@ -20,12 +20,13 @@ from typing import Callable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from . import score
-from .errors import UserError
-from .runtime import Distributed
-from .score import MAX_PHRASE_WORDS, PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores
-from .textio import (InputError, after_newlines, atomic_output, count_lines, count_newlines, is_gzip,
+from mtcommon.errors import UserError
+from mtcommon.runtime import Distributed
+from mtcommon.textio import (InputError, after_newlines, atomic_output, count_lines, count_newlines, is_gzip,
                      iter_line_blocks, remove_stale_temporaries, sibling_temporary)
+
+from . import score
+from .score import MAX_PHRASE_WORDS, PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores
 
 # -- sharded scoring under torchrun -------------------------------------------------------------------------------
 class _Board:

@@ -1,6 +1,6 @@
 """Training the RNN Encoder-Decoder on the unique phrase pairs of a Moses table.
 
-Two recipes share the data, the model and the loop (`moses_rnn.trainer`):
+Two recipes share the data, the model and the loop (`mtcommon.trainer`):
 
 `--recipe paper` is Section 4.1 / Appendix A.2 of Cho et al. (2014) exactly:
 the training set is the *set* of phrase pairs (corpus frequencies ignored),
@@ -48,13 +48,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mtcommon.errors import UserError
+from mtcommon.trainer import Trainer, apply_recipe
+from mtcommon.vocab import EOS, Vocabulary
+
 from . import modelio
-from .errors import UserError
 from .modelbase import preset_config, preset_vocab
 from .modelio import build_model
 from .phrasetable import read_phrase_table
-from .trainer import Trainer, apply_recipe
-from .vocab import EOS, Vocabulary
 
 RECIPES: dict[str, dict] = {
     "paper": dict(batch_size=64, optimizer="adadelta", lr=1.0, clip=0.0, sampled_softmax=0, bucket=False,

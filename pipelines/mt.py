@@ -27,7 +27,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from moses_rnn.textio import InputError, atomic_output, iter_lines
+from mtcommon.textio import InputError, atomic_output, iter_lines
 
 SYSTEMS = ["baseline", "rnn", "cslm-rnn", "cslm-rnn-wp"]
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP"}
@@ -258,7 +258,7 @@ def _step_times(path: Path) -> list[str]:
 def _model_row(name: str, folder: Path) -> str | None:
     """One Markdown row for a trained model directory: preset, parameters, recipe, budget,
     updates, held-out perplexity (from its config.json, written by the trainer)."""
-    from moses_rnn import modeldir
+    from mtcommon import modeldir
 
     if modeldir.kind(str(folder)) is None:
         return None

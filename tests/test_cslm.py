@@ -19,8 +19,8 @@ from cslm.data import sentence_ngrams, stream_batches, scan_corpus
 from cslm.engine import BACKOFF, UNKNOWN, Engine
 from cslm.model import CSLM, CSLMConfig, preset_config
 from cslm.train import TrainConfig, train
-from moses_rnn.textio import InputError
-from moses_rnn.vocab import BOS, EOS, UNK, Vocabulary
+from mtcommon.textio import InputError
+from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
 WORDS = [f"w{i}" for i in range(120)]
 

@@ -15,7 +15,7 @@ from cslm.engine import Engine
 from cslm.model import CSLM, CSLMConfig
 from cslm.server import startup_message
 from cslm.train import NgramObjective, TrainConfig, train
-from moses_rnn.vocab import BOS, EOS, UNK, Vocabulary
+from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
 from test_cslm import cslm_corpus, cslm_model, engine  # noqa: F401 (shared session fixtures)
 from test_cslm_server import start_server_process

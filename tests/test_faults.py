@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from cslm.cli import main as cslm_main
 from moses_rnn.cli import main as rnn_main
-from moses_rnn.modeldir import CHECKPOINT, CONFIG, WEIGHTS
+from mtcommon.modeldir import CHECKPOINT, CONFIG, WEIGHTS
 
 TOOLS = {"moses-rnn": rnn_main, "cslm": cslm_main}
 
@@ -408,8 +408,8 @@ def test_bad_options_in_a_real_process(tool, args, tmp_path, tiny_model, tiny_cs
 
 
 def test_the_library_refuses_bad_devices_and_thread_counts_too():
-    from moses_rnn.errors import UserError
-    from moses_rnn.runtime import check_device, configure_threads, resolve_device
+    from mtcommon.errors import UserError
+    from mtcommon.runtime import check_device, configure_threads, resolve_device
 
     for name in ("tpu", "cuda:", "cuda:x", "cpu:0", ""):
         with pytest.raises(UserError, match="is not a device"):
@@ -421,10 +421,10 @@ def test_the_library_refuses_bad_devices_and_thread_counts_too():
 
 # -- 4. one error type: the user's errors in one line, bugs with their traceback -------------------------------------
 def test_the_projects_errors_are_one_type():
-    from moses_rnn.errors import UserError
-    from moses_rnn.modeldir import ModelError
     from moses_rnn.mosesini import IniError
-    from moses_rnn.textio import InputError, atomic_output, iter_lines  # noqa: F401 (pipelines/mt.py's import)
+    from mtcommon.errors import UserError
+    from mtcommon.modeldir import ModelError
+    from mtcommon.textio import InputError, atomic_output, iter_lines  # noqa: F401 (pipelines/mt.py's import)
 
     assert issubclass(InputError, UserError) and issubclass(IniError, UserError) and issubclass(ModelError, InputError)
     assert issubclass(UserError, ValueError)  # callers that catch ValueError (pipelines/mt.py) still catch them
@@ -435,10 +435,10 @@ def test_the_projects_errors_are_one_type():
 
 
 def test_fail_cleanly_shows_user_errors_in_one_line_and_bugs_with_a_traceback():
-    from moses_rnn.cliutil import fail_cleanly
-    from moses_rnn.errors import UserError
     from moses_rnn.mosesini import IniError
-    from moses_rnn.textio import InputError
+    from mtcommon.cliutil import fail_cleanly
+    from mtcommon.errors import UserError
+    from mtcommon.textio import InputError
 
     @fail_cleanly
     def command(exc):

@@ -116,7 +116,7 @@ def test_a_helper_watching_its_parent_exits_without_prctl(tmp_path):
     """The portable fallback (a thread watching os.getppid()), without Linux's PR_SET_PDEATHSIG: a helper whose
     parent is killed exits on its own within a few seconds."""
     helper = ("import sys, time\n"
-              "from moses_rnn.runtime import exit_with_parent\n"
+              "from mtcommon.runtime import exit_with_parent\n"
               "exit_with_parent(int(sys.argv[1]), poll=0.2, use_prctl=False)\n"
               "print('ready', flush=True)\n"
               "time.sleep(120)\n")
@@ -139,7 +139,7 @@ def test_a_helper_watching_its_parent_exits_without_prctl(tmp_path):
 def test_sighup_is_left_ignored_under_nohup():
     """Under nohup (SIGHUP ignored when the command starts) a closed terminal must not stop the run."""
     code = ("import signal\n"
-            "from moses_rnn.cliutil import exit_on_signals\n"
+            "from mtcommon.cliutil import exit_on_signals\n"
             "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
             "exit_on_signals()\n"
             "assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN\n"
@@ -342,7 +342,7 @@ def test_a_new_connection_is_refused_with_an_error_frame_when_every_one_is_busy(
 
 def test_the_default_connection_limit_follows_the_open_file_limit():
     from cslm.server import connection_limit
-    from moses_rnn.errors import UserError
+    from mtcommon.errors import UserError
 
     assert connection_limit(fds=256) == 128 and connection_limit(fds=1024) == 896
     assert connection_limit(fds=100) == 50 and connection_limit(fds=2) == 1
@@ -433,7 +433,7 @@ def gzip_verdict(path: Path) -> tuple[int, str]:
     (b"\0\0\x01", 2),
 ])
 def test_trailing_garbage_is_ignored_with_a_warning_as_gzip_does(tail, gzip_status, tmp_path, gz_table, capfd):
-    from moses_rnn.textio import iter_line_blocks, iter_lines, iter_raw_windows
+    from mtcommon.textio import iter_line_blocks, iter_lines, iter_raw_windows
 
     text, blob = gz_table
     path = tmp_path / "t.gz"
@@ -457,7 +457,7 @@ def test_a_damaged_end_names_the_last_line_read(damage, tmp_path, gz_table):
     """A single byte after the data (gzip: "unexpected end of file"), a second member cut short, or the stream
     itself cut short: a truncated stream, after the line where the good data ends, in every reader (the fast
     reader alone said "after line 0", or a line a megabyte too early)."""
-    from moses_rnn.textio import InputError, iter_line_blocks, iter_lines, iter_raw_windows
+    from mtcommon.textio import InputError, iter_line_blocks, iter_lines, iter_raw_windows
 
     text, blob = gz_table
     if damage == "one byte":
@@ -555,7 +555,7 @@ def test_score_warns_once_about_too_many_workers(tmp_path, example_table, tiny_m
     from click.testing import CliRunner
 
     from moses_rnn.cli import main
-    from moses_rnn.runtime import cpu_count
+    from mtcommon.runtime import cpu_count
 
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
@@ -591,7 +591,7 @@ def test_a_torchrun_rank_killed_outright_leaves_no_part_file(tmp_path, example_t
     """A part file left by an earlier run killed outright (its process gone) is removed when the next run
     starts; when a rank of that run is killed with SIGKILL, the run fails and the survivors remove the dead
     rank's part too: nothing is left beside the previous output, which is untouched."""
-    from moses_rnn.textio import _host_tag
+    from mtcommon.textio import _host_tag
 
     table = random_table(example_table, tmp_path / "table.txt", 200_000)
     out = tmp_path / "out.gz"

@@ -15,8 +15,8 @@ from moses_rnn.generate import Generator, max_words, read_sources
 from moses_rnn.modelbase import ModelConfig
 from moses_rnn.modelio import LoadedModel, build_model
 from moses_rnn.score import PhraseScorer
-from moses_rnn.textio import InputError
-from moses_rnn.vocab import Vocabulary
+from mtcommon.textio import InputError
+from mtcommon.vocab import Vocabulary
 
 WORDS = ["</s>", "[UNK]", "a", "b", "c", "d"]
 

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from moses_rnn.model import EncoderDecoder
 from moses_rnn.modelbase import PRESETS, RNNSEARCH_PRESETS, ModelConfig, PhraseModel, preset_config
 from moses_rnn.modelio import ARCHITECTURES, build_model, load_model, save_model, save_vocabularies
-from moses_rnn.vocab import Vocabulary
+from mtcommon.vocab import Vocabulary
 
 
 def small_model(seed=0):

@@ -4,7 +4,7 @@ import math
 import pytest
 
 from moses_rnn.phrasetable import format_rows, parse_line, read_phrase_table
-from moses_rnn.textio import InputError, atomic_output
+from mtcommon.textio import InputError, atomic_output
 
 
 def write(tmp_path, text, name="t.txt", mode="w"):

@@ -17,7 +17,7 @@ from moses_rnn.modelio import LoadedModel, build_model, load_model
 from moses_rnn.rnnsearch import AttentionContext, RNNSearch
 from moses_rnn.score import PhraseScorer, score_table
 from moses_rnn.train import TrainConfig, train
-from moses_rnn.vocab import Vocabulary
+from mtcommon.vocab import Vocabulary
 
 
 def small_model(seed: int = 0, V: int = 12, std: float = 0.5, out_rank: int = 4) -> RNNSearch:

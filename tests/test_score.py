@@ -128,7 +128,7 @@ def test_worker_error_names_line_and_leaves_nothing(tmp_path, real_table_slice, 
     bad = tmp_path / "bad.txt"
     bad.write_text("".join(lines), encoding="utf-8")
     scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
-    from moses_rnn.textio import InputError
+    from mtcommon.textio import InputError
 
     with pytest.raises(InputError, match=r"bad.txt:2346: empty target phrase"):
         score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=300, workers=2, progress=False)
@@ -201,7 +201,7 @@ def test_empty_table_is_an_error_not_an_empty_output(tmp_path, tiny_model):
 
 def test_setup_scoring_chooses_what_the_command_runs(example_table, tiny_model):
     from moses_rnn.score import default_workers, setup_scoring
-    from moses_rnn.runtime import configure_threads
+    from mtcommon.runtime import configure_threads
 
     s = setup_scoring(str(tiny_model), str(example_table), device="cpu")
     assert s.device.type == "cpu" and s.scorer.model_dir == str(tiny_model)
@@ -231,7 +231,7 @@ def test_worker_errors_come_in_table_order(tmp_path, real_table_slice, tiny_mode
     bad = tmp_path / "bad.txt"
     bad.write_text("".join(lines), encoding="utf-8")
     scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
-    from moses_rnn.textio import InputError
+    from mtcommon.textio import InputError
 
     with pytest.raises(InputError, match=r"bad.txt:1234: empty target phrase"):
         score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=200, workers=2, progress=False)
@@ -266,7 +266,7 @@ def test_window_parser_matches_parse_line_line_by_line():
     """parse_window (numpy over the bytes, parse_line for lines it is unsure of) gives exactly what
     parse_line gives line by line: the same phrases and insert points, or the same first error."""
     from moses_rnn.phrasetable import parse_window, parse_window_exactly
-    from moses_rnn.textio import InputError
+    from mtcommon.textio import InputError
 
     def outcome(parse, data, nscores):
         try:
@@ -321,7 +321,7 @@ def test_bulk_formatting_is_format_rows():
 def test_gzip_output_is_a_function_of_the_text(tmp_path):
     """The compressed bytes do not depend on how the text was cut into writes (what lets a sharded run
     reproduce a single-process run's .gz exactly)."""
-    from moses_rnn.textio import atomic_output
+    from mtcommon.textio import atomic_output
 
     text = b"".join(b"line %d ||| ligne %d ||| 0.5 1\n" % (i, i) for i in range(200_000))
     outs = []
@@ -352,7 +352,7 @@ def untrained(arch: str):
 
     from moses_rnn.modelbase import preset_config
     from moses_rnn.modelio import LoadedModel, build_model
-    from moses_rnn.vocab import Vocabulary
+    from mtcommon.vocab import Vocabulary
 
     vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(40)])
     torch.manual_seed(0)
@@ -365,7 +365,7 @@ def untrained(arch: str):
 
 
 def native_bf16() -> bool:
-    from moses_rnn.runtime import cpu_has_bf16
+    from mtcommon.runtime import cpu_has_bf16
 
     return cpu_has_bf16()
 
@@ -394,7 +394,7 @@ def test_bf16_scores_are_close_and_keep_the_softmax_in_float32(arch):
 
 
 def test_bf16_where_it_is_not_native_is_a_clear_error(tmp_path, example_table, tiny_model, monkeypatch):
-    from moses_rnn import runtime
+    from mtcommon import runtime
 
     monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: False)
     r = CliRunner().invoke(main, ["score", str(example_table), "-m", str(tiny_model), "-o", str(tmp_path / "o.gz"),

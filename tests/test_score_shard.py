@@ -64,9 +64,9 @@ def test_a_bad_line_in_the_second_shard_fails_the_whole_run(tmp_path, example_ta
 
 
 def test_stdin_and_stdout_are_refused_when_sharded(tmp_path, example_table, tiny_model):
-    from moses_rnn.runtime import Distributed
     from moses_rnn.score import PhraseScorer
     from moses_rnn.shard import score_table
+    from mtcommon.runtime import Distributed
 
     scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
     for table, out in [(str(example_table), "-"), ("-", str(tmp_path / "out.gz"))]:
@@ -80,7 +80,7 @@ def test_line_blocks_and_byte_ranges(tmp_path):
     byte ranges, and the line start after k newlines."""
     import random
 
-    from moses_rnn.textio import after_newlines, count_newlines, iter_line_blocks
+    from mtcommon.textio import after_newlines, count_newlines, iter_line_blocks
 
     r = random.Random(5)
     lines = [("x" * r.randrange(0, 3000) + "\n").encode() for _ in range(5000)] + [b"last, no newline"]

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from moses_rnn import textio
 from moses_rnn.phrasetable import read_phrase_table
-from moses_rnn.textio import InputError, atomic_output, iter_lines, iter_raw_windows
+from mtcommon import textio
+from mtcommon.textio import InputError, atomic_output, iter_lines, iter_raw_windows
 
 LINES = [f"source {i} ||| cible {i} ||| 0.5 0.25\n" for i in range(60000)]
 
@@ -112,7 +112,7 @@ def test_kill_9_leftover_is_removed_by_the_next_run(tmp_path):
     out = tmp_path / "out.gz"
     out.write_bytes(gzip.compress(b"previous\n"))
     code = ("import sys, time\n"
-            "from moses_rnn.textio import atomic_output\n"
+            "from mtcommon.textio import atomic_output\n"
             f"with atomic_output({str(out)!r}) as f:\n"
             "    f.write(b'partial ' * 10000)\n"
             "    print('writing', flush=True)\n"

@@ -6,9 +6,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from moses_rnn.cli import main
-from moses_rnn.modeldir import load_checkpoint
 from moses_rnn.modelio import load_model
 from moses_rnn.train import TrainConfig, train
+from mtcommon.modeldir import load_checkpoint
 
 
 def test_training_lowers_heldout_perplexity(tmp_path, example_table):
@@ -56,10 +56,10 @@ import pytest
 
 from moses_rnn.modelbase import preset_config
 from moses_rnn.modelio import build_model
-from moses_rnn.runtime import ThreadTuner, choose_threads
 from moses_rnn.train import (RECIPES, BucketedBatches, PairObjective, load_corpus, read_unique_pairs,
                              sampled_candidates, build_vocabularies)
-from moses_rnn.vocab import EOS
+from mtcommon.runtime import ThreadTuner, choose_threads
+from mtcommon.vocab import EOS
 
 
 def test_paper_recipe_is_the_papers_training():

@@ -2,7 +2,7 @@ from collections import Counter
 
 import pytest
 
-from moses_rnn.vocab import EOS, UNK, Vocabulary
+from mtcommon.vocab import EOS, UNK, Vocabulary
 
 
 def test_shortlist_order_ties_and_unknowns(tmp_path):

@@ -5,7 +5,7 @@
 objective, held-out measure and model directory; everything else is here,
 written once:
 
-- run-time set-up (`moses_rnn.runtime`): device, CPU threads (tuned online
+- run-time set-up (`mtcommon.runtime`): device, CPU threads (tuned online
   unless fixed), bfloat16 autocast with float32 master weights, and
   data-parallel training under torchrun (DistributedDataParallel, gloo on CPU,
   NCCL on GPU; each rank takes its share of every global batch);

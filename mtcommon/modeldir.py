@@ -2,7 +2,7 @@
 
     MODEL_DIR/config.json        {"format": FORMAT, "model": the model's config, "meta": training metadata}
     MODEL_DIR/model.safetensors  the (best) weights: plain tensors, no pickle
-    MODEL_DIR/*.vocab            shortlists, `word<TAB>count` per line in id order (moses_rnn.vocab)
+    MODEL_DIR/*.vocab            shortlists, `word<TAB>count` per line in id order (mtcommon.vocab)
     MODEL_DIR/checkpoint.pt      training state for --resume (loaded with weights_only=True)
 
 Nothing in a model directory is executed when it is loaded. Every file is
