@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from moses_rnn.modelbase import PRESETS, parameter_count, preset_config
-from moses_rnn.modelio import LoadedModel, build_model
-from moses_rnn.phrasetable import read_phrase_table
-from moses_rnn.score import PhraseScorer, score_table
-from moses_rnn.train import build_vocabularies
+from moses_rnn.formats.phrasetable import read_phrase_table
+from moses_rnn.networks.modelbase import PRESETS, parameter_count, preset_config
+from moses_rnn.networks.modelio import LoadedModel, build_model
+from moses_rnn.scoring.score import PhraseScorer, score_table
+from moses_rnn.training.train import build_vocabularies
 from mtcommon.runtime import configure_threads, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]

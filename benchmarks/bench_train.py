@@ -5,7 +5,7 @@
 For the RNN Encoder-Decoder (pairs/s, on a slice of the shared phrase table)
 and the CSLM (n-grams/s, on the shared French training text), each preset is
 trained with the default (`fast`) recipe through the real training loop
-(`moses_rnn.train.train`, `cslm.train.train`), and the rate is read from the
+(`moses_rnn.training.train.train`, `cslm.train.train`), and the rate is read from the
 summary (`pairs_seen` / `ngrams_seen` over `train_seconds`, which leaves out
 start-up and evaluation). Model arithmetic per second is that rate times the
 floating-point operations one example costs (forward + backward = 3 x
@@ -40,8 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import REAL_TABLE, SHARED, emit, require_shared, table_slice  # noqa: E402
 
 from cslm.model import preset_config as cslm_preset  # noqa: E402
-from moses_rnn.modelbase import preset_config  # noqa: E402
-from moses_rnn.modelio import build_model  # noqa: E402
+from moses_rnn.networks.modelbase import preset_config  # noqa: E402
+from moses_rnn.networks.modelio import build_model  # noqa: E402
 from mtcommon.runtime import cpu_count, cpu_has_bf16  # noqa: E402
 
 FR_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"
@@ -96,7 +96,7 @@ def cslm_flops_per_ngram(preset: str) -> float:
 
 
 def run_rnn(table: str, preset: str, threads: int | None, steps: int, work: str) -> dict:
-    from moses_rnn.train import TrainConfig, train
+    from moses_rnn.training.train import TrainConfig, train
 
     cfg = TrainConfig(preset=preset, max_steps=2 * steps, eval_every=steps, valid_pairs=200, threads=threads,
                       device="cpu")
@@ -127,7 +127,7 @@ def steady_rate(summary: dict) -> dict:
 
 def startup_rnn(table: str) -> float:
     """Seconds to read the table's unique pairs, build both shortlists and encode the corpus."""
-    from moses_rnn.train import build_vocabularies, load_corpus, read_unique_pairs
+    from moses_rnn.training.train import build_vocabularies, load_corpus, read_unique_pairs
 
     t = time.perf_counter()
     pairs = read_unique_pairs(table)
@@ -156,7 +156,7 @@ def main() -> None:
         if cpu_has_bf16():
             report["gemm_gflops"][f"bf16_{threads}t"] = round(gemm_rate(torch.bfloat16, threads), 1)
     # the arithmetic of one example, from the data's mean lengths
-    from moses_rnn.train import build_vocabularies, load_corpus
+    from moses_rnn.training.train import build_vocabularies, load_corpus
 
     sv, tv = build_vocabularies(table, 15000, 15000)
     corpus = load_corpus(table, sv, tv)

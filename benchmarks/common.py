@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from moses_rnn import modelio
-from moses_rnn.modelbase import preset_config, PRESETS
-from moses_rnn.modelio import build_model
-from moses_rnn.train import build_vocabularies
+from moses_rnn.networks import modelio
+from moses_rnn.networks.modelbase import preset_config, PRESETS
+from moses_rnn.networks.modelio import build_model
+from moses_rnn.training.train import build_vocabularies
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -65,7 +65,7 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
     Data-parallel on several processes or machines with torchrun, e.g.
     `torchrun --nproc-per-node 2 $(which moses-rnn) train TABLE -o MODEL`.
     """
-    from .train import TrainConfig, train as run_train
+    from .training.train import TrainConfig, train as run_train
 
     cfg = TrainConfig(preset=preset, recipe=recipe, src_vocab=src_vocab, tgt_vocab=tgt_vocab, batch_size=batch_size,
                       optimizer=optimizer, lr=lr, sampled_softmax=sampled_softmax, bucket=bucket, dtype=dtype,
@@ -110,8 +110,8 @@ def score(table, model_dir, output, normalize, unknown, device, dtype, threads, 
     `torchrun --nproc-per-node 2 $(which moses-rnn) score TABLE -m MODEL -o OUT` (docs/scoring.md).
     """
     from mtcommon.runtime import Distributed
-    from .score import setup_scoring, workers_warning
-    from .shard import score_table
+    from .scoring.score import setup_scoring, workers_warning
+    from .scoring.shard import score_table
 
     require_model_dir(model_dir, "moses-rnn")
     output = output or default_output(table)
@@ -137,7 +137,7 @@ def ini():
 
 
 def _ini_edit(moses_ini, output, edit):
-    from .mosesini import IniError, MosesIni
+    from .formats.mosesini import IniError, MosesIni
 
     try:
         cfg = MosesIni.read(moses_ini)
@@ -206,7 +206,7 @@ def ini_set(moses_ini, name, assignments, output):
 
 
 def _sources(phrases, input_file) -> list[str]:
-    from .generate import read_sources
+    from .generation.generate import read_sources
 
     if bool(phrases) == bool(input_file):
         raise click.UsageError("give source phrases as arguments or with -i FILE (one of the two)")
@@ -215,8 +215,8 @@ def _sources(phrases, input_file) -> list[str]:
 
 def _generator(model_dir, device):
     from mtcommon.runtime import resolve_device
-    from .generate import Generator
-    from .modelio import load_model
+    from .generation.generate import Generator
+    from .networks.modelio import load_model
 
     require_model_dir(model_dir, "moses-rnn")
     return Generator(load_model(model_dir, resolve_device(device)))
@@ -326,8 +326,8 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
 def align(source, target, model_dir, output, beam, device):
     """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
     from mtcommon.runtime import resolve_device
-    from .align import draw_alignment, soft_alignment
-    from .modelio import load_model
+    from .analysis.align import draw_alignment, soft_alignment
+    from .networks.modelio import load_model
 
     a = soft_alignment(load_model(model_dir, resolve_device(device)), source, target, beam=beam)
     draw_alignment(a, output)
@@ -368,7 +368,7 @@ def _with_columns(fn):
 def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, top, rare_max, min_targets, seed):
     """Table 2: top targets by the translation model and by the RNN, for long phrases of a scored TABLE."""
     from mtcommon.textio import atomic_output
-    from .analyze import table2
+    from .analysis.analyze import table2
 
     t = table2(table, tm_column, rnn_column, min_words, per_group, top, rare_max, min_targets, seed)
     with atomic_output(output) as out:
@@ -386,7 +386,7 @@ def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, t
 @fail_cleanly
 def analyze_curves(model_dirs, output, labels, title, reference):
     """Training curves: held-out perplexity against training time of MODEL_DIRS (either network)."""
-    from .analyze import training_curves, training_history
+    from .analysis.analyze import training_curves, training_history
 
     if labels and len(labels) != len(model_dirs):
         raise click.UsageError(f"{len(labels)} --label for {len(model_dirs)} model directories")
@@ -405,7 +405,7 @@ def analyze_curves(model_dirs, output, labels, title, reference):
 @fail_cleanly
 def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
     """Figure 3: RNN log p against translation-model log p for the pairs of a scored TABLE."""
-    from .analyze import score_scatter
+    from .analysis.analyze import score_scatter
 
     r = score_scatter(table, output, tm_column, rnn_column, max_points, seed)
     click.echo(f"{r['points']} of {r['pairs']} pairs, Pearson r = {r['pearson']:.3f} -> {output}", err=True)
@@ -424,8 +424,8 @@ def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
 @fail_cleanly
 def analyze_words(model_dir, output, words, labels, side, vectors, seed):
     """Figure 4: a 2-D t-SNE map of the model's word embeddings."""
-    from .analyze import embedding_map
-    from .modelio import load_model
+    from .analysis.analyze import embedding_map
+    from .networks.modelio import load_model
 
     r = embedding_map(load_model(model_dir), output, words, labels, side, vectors, seed)
     click.echo(f"{r.points} words, {r.labels} labelled -> {output}", err=True)
@@ -445,8 +445,8 @@ def analyze_words(model_dir, output, words, labels, side, vectors, seed):
 @fail_cleanly
 def analyze_phrases(table, model_dir, output, phrases, labels, min_words, vectors, seed):
     """Figure 5: a 2-D t-SNE map of the representations of TABLE's long source phrases."""
-    from .analyze import phrase_map
-    from .modelio import load_model
+    from .analysis.analyze import phrase_map
+    from .networks.modelio import load_model
 
     r = phrase_map(load_model(model_dir), table, output, phrases, labels, min_words, vectors, seed)
     click.echo(f"{r.points} phrases, {r.labels} labelled -> {output}", err=True)

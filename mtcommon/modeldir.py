@@ -8,7 +8,7 @@
 Nothing in a model directory is executed when it is loaded. Every file is
 replaced atomically (written beside, then renamed), so a reader never sees a
 half-written one and a killed run leaves the previous version in place.
-`moses_rnn.modelio` (the phrase models) and `cslm.modeldir` (the CSLM) add
+`moses_rnn.networks.modelio` (the phrase models) and `cslm.modeldir` (the CSLM) add
 only their own config class, vocabulary files and model constructor.
 
 Loading checks every file here, once for both networks: a file that is damaged

@@ -1,6 +1,6 @@
 """The training loop both networks share: `Trainer` owns the flow, subclasses fill hooks.
 
-`moses_rnn.train.PairTrainer` (the RNN Encoder-Decoder on phrase pairs) and
+`moses_rnn.training.train.PairTrainer` (the RNN Encoder-Decoder on phrase pairs) and
 `cslm.train.NgramTrainer` (the CSLM on n-grams) differ in their data, model,
 objective, held-out measure and model directory; everything else is here,
 written once:

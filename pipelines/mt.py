@@ -465,7 +465,7 @@ TUNER_FLAGS = {"mert": "", "kbmira": " --batch-mira", "pro": " --pairwise-ranked
 def table_path(args) -> None:
     """Print the file of a moses.ini's phrase table (--table NAME, else the first); Moses adds .gz
     to a path that does not exist, and so does this."""
-    from moses_rnn.mosesini import MosesIni
+    from moses_rnn.formats.mosesini import MosesIni
 
     ini = MosesIni.read(args.ini)
     tables = [ini.feature(args.table)] if args.table else ini.phrase_tables()
@@ -481,7 +481,7 @@ def positive(args) -> None:
     """Print the names mert's -P option takes (`NAME_0,NAME_1,...`, as in its feature files) for every
     score of each named feature of a moses.ini: mert then keeps their weights above 0. A feature with
     untuneable scores is refused (mert numbers only the tuneable ones)."""
-    from moses_rnn.mosesini import MosesIni
+    from moses_rnn.formats.mosesini import MosesIni
 
     ini = MosesIni.read(args.ini)
     names = []

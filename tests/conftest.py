@@ -42,7 +42,7 @@ def real_table_slice(shared_data, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny encoder-decoder trained for a few steps on the example table."""
-    from moses_rnn.train import TrainConfig, train
+    from moses_rnn.training.train import TrainConfig, train
 
     model_dir = tmp_path_factory.mktemp("tiny-model")
     cfg = TrainConfig(preset="tiny", max_steps=60, eval_every=30, valid_pairs=20, device="cpu")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from moses_rnn.analyze import embedding_map, long_sources, phrase_map, score_scatter, table2
+from moses_rnn.analysis.analyze import embedding_map, long_sources, phrase_map, score_scatter, table2
 from moses_rnn.cli import main
-from moses_rnn.modelio import load_model
+from moses_rnn.networks.modelio import load_model
 from mtcommon.textio import InputError
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -421,7 +421,7 @@ def test_the_library_refuses_bad_devices_and_thread_counts_too():
 
 # -- 4. one error type: the user's errors in one line, bugs with their traceback -------------------------------------
 def test_the_projects_errors_are_one_type():
-    from moses_rnn.mosesini import IniError
+    from moses_rnn.formats.mosesini import IniError
     from mtcommon.errors import UserError
     from mtcommon.modeldir import ModelError
     from mtcommon.textio import InputError, atomic_output, iter_lines  # noqa: F401 (pipelines/mt.py's import)
@@ -435,7 +435,7 @@ def test_the_projects_errors_are_one_type():
 
 
 def test_fail_cleanly_shows_user_errors_in_one_line_and_bugs_with_a_traceback():
-    from moses_rnn.mosesini import IniError
+    from moses_rnn.formats.mosesini import IniError
     from mtcommon.cliutil import fail_cleanly
     from mtcommon.errors import UserError
     from mtcommon.textio import InputError
@@ -457,7 +457,7 @@ def test_fail_cleanly_shows_user_errors_in_one_line_and_bugs_with_a_traceback():
 
 def test_a_bug_inside_a_command_keeps_its_traceback(tmp_path, tiny_model, example_table):
     code = ("import sys\n"
-            "from moses_rnn import score\n"
+            "from moses_rnn.scoring import score\n"
             "def bug(*a, **k):\n"
             "    raise ValueError('a bug, not bad input')\n"
             "score.setup_scoring = bug\n"

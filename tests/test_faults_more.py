@@ -531,7 +531,7 @@ def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
     import click
 
     from moses_rnn.cli import score
-    from moses_rnn.score import MAX_PHRASE_WORDS, TableJob, score_table
+    from moses_rnn.scoring.score import MAX_PHRASE_WORDS, TableJob, score_table
 
     option = next(p for p in score.params if isinstance(p, click.Option) and p.name == "max_phrase_words")
     assert option.default == MAX_PHRASE_WORDS == TableJob("t", 4).max_words
@@ -541,7 +541,7 @@ def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
 # --workers above the core count: one line of warning
 @pytest.mark.parametrize("workers, local, warned", [(1, 1, False), (2, 1, False), (64, 1, True), (2, 40, True)])
 def test_workers_far_above_the_cores_are_warned_about(workers, local, warned, monkeypatch):
-    from moses_rnn import score
+    from moses_rnn.scoring import score
 
     monkeypatch.setattr(score, "cpu_count", lambda: 4)
     w = score.workers_warning(workers, local)

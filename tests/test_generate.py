@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 
 from moses_rnn.cli import main
-from moses_rnn.generate import Generator, max_words, read_sources
-from moses_rnn.modelbase import ModelConfig
-from moses_rnn.modelio import LoadedModel, build_model
-from moses_rnn.score import PhraseScorer
+from moses_rnn.generation.generate import Generator, max_words, read_sources
+from moses_rnn.networks.modelbase import ModelConfig
+from moses_rnn.networks.modelio import LoadedModel, build_model
+from moses_rnn.scoring.score import PhraseScorer
 from mtcommon.textio import InputError
 from mtcommon.vocab import Vocabulary
 

@@ -90,9 +90,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_is_read_correctly():
     """The checker sees module-level, relative, `from . import x` and function-level imports."""
     g = import_graph()
-    assert "moses_rnn.modelbase" in g["moses_rnn.model"]  # from .modelbase import ...
-    assert {"moses_rnn.model", "moses_rnn.rnnsearch"} <= g["moses_rnn.modelio"]
-    assert "moses_rnn.modelio" in g["moses_rnn.cli"]  # imported inside the commands' functions
+    assert "moses_rnn.networks.modelbase" in g["moses_rnn.networks.model"]  # from .modelbase import ...
+    assert {"moses_rnn.networks.model", "moses_rnn.networks.rnnsearch"} <= g["moses_rnn.networks.modelio"]
+    assert "moses_rnn.networks.modelio" in g["moses_rnn.cli"]  # imported inside the commands' functions
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -106,7 +106,7 @@ def test_architectures_build_only_on_the_base_module():
     """The encoder-decoder and RNNsearch import the shared base, never each other or the tools;
     the base imports only the project's error type, which imports nothing."""
     g = import_graph()
-    assert g["moses_rnn.model"] == {"moses_rnn.modelbase"}
-    assert g["moses_rnn.rnnsearch"] == {"moses_rnn.modelbase"}
-    assert g["moses_rnn.modelbase"] <= {"mtcommon.errors"}
+    assert g["moses_rnn.networks.model"] == {"moses_rnn.networks.modelbase"}
+    assert g["moses_rnn.networks.rnnsearch"] == {"moses_rnn.networks.modelbase"}
+    assert g["moses_rnn.networks.modelbase"] <= {"mtcommon.errors"}
     assert g["mtcommon.errors"] == set()

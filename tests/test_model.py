@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moses_rnn.model import EncoderDecoder
-from moses_rnn.modelbase import PRESETS, RNNSEARCH_PRESETS, ModelConfig, PhraseModel, preset_config
-from moses_rnn.modelio import ARCHITECTURES, build_model, load_model, save_model, save_vocabularies
+from moses_rnn.networks.model import EncoderDecoder
+from moses_rnn.networks.modelbase import PRESETS, RNNSEARCH_PRESETS, ModelConfig, PhraseModel, preset_config
+from moses_rnn.networks.modelio import ARCHITECTURES, build_model, load_model, save_model, save_vocabularies
 from mtcommon.vocab import Vocabulary
 
 

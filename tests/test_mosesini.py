@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moses_rnn.cli import main
-from moses_rnn.mosesini import IniError, MosesIni, check_name
+from moses_rnn.formats.mosesini import IniError, MosesIni, check_name
 
 INIS = ["en-fr-moses/moses.ini", "moses-sample/moses.ini"]
 

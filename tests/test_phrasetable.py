@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from moses_rnn.phrasetable import format_rows, parse_line, read_phrase_table
+from moses_rnn.formats.phrasetable import format_rows, parse_line, read_phrase_table
 from mtcommon.textio import InputError, atomic_output
 
 

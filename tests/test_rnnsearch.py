@@ -11,12 +11,12 @@ import torch
 from click.testing import CliRunner
 
 from moses_rnn.cli import main
-from moses_rnn.generate import Generator
-from moses_rnn.modelbase import ModelConfig, preset_config, preset_vocab
-from moses_rnn.modelio import LoadedModel, build_model, load_model
-from moses_rnn.rnnsearch import AttentionContext, RNNSearch
-from moses_rnn.score import PhraseScorer, score_table
-from moses_rnn.train import TrainConfig, train
+from moses_rnn.generation.generate import Generator
+from moses_rnn.networks.modelbase import ModelConfig, preset_config, preset_vocab
+from moses_rnn.networks.modelio import LoadedModel, build_model, load_model
+from moses_rnn.networks.rnnsearch import AttentionContext, RNNSearch
+from moses_rnn.scoring.score import PhraseScorer, score_table
+from moses_rnn.training.train import TrainConfig, train
 from mtcommon.vocab import Vocabulary
 
 

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from moses_rnn.cli import main
-from moses_rnn.phrasetable import read_phrase_table
-from moses_rnn.score import PhraseScorer, score_table
+from moses_rnn.formats.phrasetable import read_phrase_table
+from moses_rnn.scoring.score import PhraseScorer, score_table
 
 
 def read_lines(path):
@@ -95,7 +95,7 @@ def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny
     out.write_bytes(gzip.compress(b"previous\n"))
     code = (
         "import os, signal, sys\n"
-        "from moses_rnn import score\n"
+        "from moses_rnn.scoring import score\n"
         "orig = score.PhraseScorer.phrase_features\n"
         "n = [0]\n"
         "def features(self, *a, **k):\n"
@@ -140,7 +140,7 @@ def test_prefix_tree_equals_teacher_forcing(tmp_path, example_table, real_table_
     """The scorer's shared-prefix decoding gives the model's plain forward log-probability."""
     import torch
 
-    from moses_rnn.train import TrainConfig, train
+    from moses_rnn.training.train import TrainConfig, train
 
     train(str(example_table), str(tmp_path / arch),
           TrainConfig(preset="tiny", arch=arch, max_steps=20, eval_every=20, valid_pairs=10, device="cpu"),
@@ -200,7 +200,7 @@ def test_empty_table_is_an_error_not_an_empty_output(tmp_path, tiny_model):
 
 
 def test_setup_scoring_chooses_what_the_command_runs(example_table, tiny_model):
-    from moses_rnn.score import default_workers, setup_scoring
+    from moses_rnn.scoring.score import default_workers, setup_scoring
     from mtcommon.runtime import configure_threads
 
     s = setup_scoring(str(tiny_model), str(example_table), device="cpu")
@@ -265,7 +265,7 @@ def fuzzed_line(r: random.Random, nscores: int) -> str:
 def test_window_parser_matches_parse_line_line_by_line():
     """parse_window (numpy over the bytes, parse_line for lines it is unsure of) gives exactly what
     parse_line gives line by line: the same phrases and insert points, or the same first error."""
-    from moses_rnn.phrasetable import parse_window, parse_window_exactly
+    from moses_rnn.formats.phrasetable import parse_window, parse_window_exactly
     from mtcommon.textio import InputError
 
     def outcome(parse, data, nscores):
@@ -294,7 +294,7 @@ def test_window_parser_matches_parse_line_line_by_line():
 
 def test_window_parser_takes_the_fast_path_on_a_real_table(example_table, monkeypatch):
     """No line of a well-formed table falls back to parse_line (the fast path is not silently lost)."""
-    from moses_rnn import phrasetable
+    from moses_rnn.formats import phrasetable
 
     data = example_table.read_bytes()
     want = phrasetable.parse_window_exactly(data, "t", 1, 4)
@@ -309,7 +309,7 @@ def test_window_parser_takes_the_fast_path_on_a_real_table(example_table, monkey
 
 
 def test_bulk_formatting_is_format_rows():
-    from moses_rnn.phrasetable import format_columns, format_rows
+    from moses_rnn.formats.phrasetable import format_columns, format_rows
 
     rng = np.random.default_rng(0)
     for cols in (1, 2, 3):
@@ -339,7 +339,7 @@ def test_gzip_output_is_a_function_of_the_text(tmp_path):
 def test_node_chunk_follows_the_shortlist():
     import torch
 
-    from moses_rnn.score import default_node_chunk
+    from moses_rnn.scoring.score import default_node_chunk
 
     cpu = torch.device("cpu")
     assert default_node_chunk(cpu, 256) == 1024 and default_node_chunk(cpu, 15000) == 512
@@ -350,8 +350,8 @@ def test_node_chunk_follows_the_shortlist():
 def untrained(arch: str):
     import torch
 
-    from moses_rnn.modelbase import preset_config
-    from moses_rnn.modelio import LoadedModel, build_model
+    from moses_rnn.networks.modelbase import preset_config
+    from moses_rnn.networks.modelio import LoadedModel, build_model
     from mtcommon.vocab import Vocabulary
 
     vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(40)])
@@ -375,7 +375,7 @@ def native_bf16() -> bool:
 def test_bf16_scores_are_close_and_keep_the_softmax_in_float32(arch):
     import torch
 
-    from moses_rnn.score import Bf16Linear, Float32Output
+    from moses_rnn.scoring.score import Bf16Linear, Float32Output
 
     loaded = untrained(arch)
     r = random.Random(0)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from moses_rnn.phrasetable import read_phrase_table
+from moses_rnn.formats.phrasetable import read_phrase_table
 from mtcommon import textio
 from mtcommon.textio import InputError, atomic_output, iter_lines, iter_raw_windows
 

@@ -6,8 +6,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from moses_rnn.cli import main
-from moses_rnn.modelio import load_model
-from moses_rnn.train import TrainConfig, train
+from moses_rnn.networks.modelio import load_model
+from moses_rnn.training.train import TrainConfig, train
 from mtcommon.modeldir import load_checkpoint
 
 
@@ -54,9 +54,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from moses_rnn.modelbase import preset_config
-from moses_rnn.modelio import build_model
-from moses_rnn.train import (RECIPES, BucketedBatches, PairObjective, load_corpus, read_unique_pairs,
+from moses_rnn.networks.modelbase import preset_config
+from moses_rnn.networks.modelio import build_model
+from moses_rnn.training.train import (RECIPES, BucketedBatches, PairObjective, load_corpus, read_unique_pairs,
                              sampled_candidates, build_vocabularies)
 from mtcommon.runtime import ThreadTuner, choose_threads
 from mtcommon.vocab import EOS
@@ -185,7 +185,7 @@ def test_thread_tuner_keeps_the_fastest_count():
 DDP_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     torch.set_num_threads(1)
-    from moses_rnn.train import TrainConfig, train
+    from moses_rnn.training.train import TrainConfig, train
     cfg = TrainConfig(preset="tiny", recipe=sys.argv[3], batch_size=32, max_steps=12, eval_every=6, valid_pairs=20,
                       device="cpu", threads=1, seed=2, dtype="fp32", sampled_softmax=64 if sys.argv[3] == "fast" else None)
     s = train(sys.argv[1], sys.argv[2], cfg, progress=False, trace=True)

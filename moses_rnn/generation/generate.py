@@ -33,7 +33,7 @@ import torch
 from mtcommon.errors import UserError
 from mtcommon.vocab import EOS
 
-from .modelio import LoadedModel
+from ..networks.modelio import LoadedModel
 
 
 @dataclass

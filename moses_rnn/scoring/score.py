@@ -59,8 +59,8 @@ from mtcommon.runtime import Distributed, amp_dtype, autocast, configure_threads
 from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
 from mtcommon.vocab import EOS
 
-from .modelio import LoadedModel, load_model
-from .phrasetable import format_columns, parse_line, parse_window, phrase_key
+from ..formats.phrasetable import format_columns, parse_line, parse_window, phrase_key
+from ..networks.modelio import LoadedModel, load_model
 
 # Logits computed at once (rows x shortlist) by the prefix-tree decoder: on a CPU a block that stays
 # in a core's L2 cache (1 MB) for the max / exp / sum passes of the in-place normaliser (the tiny
@@ -604,7 +604,7 @@ def score_table(
     order; memory is bounded by a few windows per worker, whatever the size
     of the table. Gzip decompression and compression run in their own threads.
     A phrase of more than `max_words` words is an error naming its line.
-    One process; `moses_rnn.shard.score_table` spreads it over a torchrun job.
+    One process; `moses_rnn.scoring.shard.score_table` spreads it over a torchrun job.
     """
     start = time.perf_counter()
     blocks = iter_line_blocks(table, window)

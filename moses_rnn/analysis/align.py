@@ -14,8 +14,8 @@ import torch
 from mtcommon.errors import UserError
 from mtcommon.vocab import EOS
 
+from ..generation.generate import Generator
 from .analyze import _pyplot, save_figure
-from .generate import Generator
 
 
 @dataclass

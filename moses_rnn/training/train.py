@@ -52,10 +52,10 @@ from mtcommon.errors import UserError
 from mtcommon.trainer import Trainer, apply_recipe
 from mtcommon.vocab import EOS, Vocabulary
 
-from . import modelio
-from .modelbase import preset_config, preset_vocab
-from .modelio import build_model
-from .phrasetable import read_phrase_table
+from ..formats.phrasetable import read_phrase_table
+from ..networks import modelio
+from ..networks.modelbase import preset_config, preset_vocab
+from ..networks.modelio import build_model
 
 RECIPES: dict[str, dict] = {
     "paper": dict(batch_size=64, optimizer="adadelta", lr=1.0, clip=0.0, sampled_softmax=0, bucket=False,

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node N moses-rnn score TABLE -m MODEL -o OUT
 
 `score_table` is the entry point for one process or many: without a torchrun
-job it is `moses_rnn.score.score_table`. See docs/scoring.md for how a table
+job it is `moses_rnn.scoring.score.score_table`. See docs/scoring.md for how a table
 is split (byte offsets of a plain file; windows of a gzip stream) and why the
 output is byte-identical to a single process's.
 """
@@ -254,7 +254,7 @@ def _join_parts(statuses: list[dict], output: str, window: int) -> int:
 def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool = False, unknown: bool = False,
                 window: int = 8192, workers: int = 1, progress: bool = True,
                 dist: Distributed | None = None, max_words: int = MAX_PHRASE_WORDS) -> ScoreStats:
-    """`moses_rnn.score.score_table`, or, in a torchrun job of more than one process, this process's
+    """`moses_rnn.scoring.score.score_table`, or, in a torchrun job of more than one process, this process's
     shard of it, rank 0 joining the parts into `output` (`_score_shard`)."""
     if dist is not None and dist.enabled:
         return _score_shard(scorer, table, output, normalize, unknown, window, workers, progress, dist, max_words)

@@ -32,7 +32,7 @@ import torch
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError, atomic_output
 
-from .phrasetable import read_phrase_table
+from ..formats.phrasetable import read_phrase_table
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""The paper's qualitative analysis (analyze) and RNNsearch's soft alignments (align)."""

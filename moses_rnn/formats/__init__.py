@@ -1,0 +1,1 @@
+"""Moses's files: phrase tables (phrasetable) and moses.ini (mosesini)."""

@@ -1,0 +1,1 @@
+"""Target phrases from a trained model: sampling and beam search (generate)."""

@@ -1,0 +1,1 @@
+"""Scoring phrase pairs and rewriting phrase tables (score), in shards under torchrun (shard)."""
