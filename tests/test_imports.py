@@ -1,4 +1,5 @@
-"""Imports inside the project flow one way: the graph of mtcommon, moses_rnn and cslm modules has no cycle.
+"""Imports inside the project flow one way: the graph of mtcommon, moses_rnn and cslm modules has no cycle,
+and between the packages it runs moses_rnn -> mtcommon <- cslm only.
 
 Every `import` and `from ... import` counts, at module level or inside a
 function (a function-level import only hides a cycle until the call).
@@ -11,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mtcommon", "moses_rnn", "cslm")
+# The packages each package may import: the shared ground neither of the others, and they not each other.
+ALLOWED = {"mtcommon": {"mtcommon"}, "moses_rnn": {"moses_rnn", "mtcommon"}, "cslm": {"cslm", "mtcommon"}}
 
 
 def project_modules() -> dict[str, Path]:
@@ -93,6 +96,8 @@ def test_the_graph_is_read_correctly():
     assert "moses_rnn.networks.modelbase" in g["moses_rnn.networks.model"]  # from .modelbase import ...
     assert {"moses_rnn.networks.model", "moses_rnn.networks.rnnsearch"} <= g["moses_rnn.networks.modelio"]
     assert "moses_rnn.networks.modelio" in g["moses_rnn.cli"]  # imported inside the commands' functions
+    assert "moses_rnn.networks.modelio" in g["moses_rnn.training.train"]  # from ..networks import modelio
+    assert "mtcommon.modeldir" in g["cslm.modeldir"]  # from mtcommon import modeldir
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
@@ -100,6 +105,13 @@ def test_the_graph_is_read_correctly():
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_packages_import_one_way():
+    """moses_rnn -> mtcommon <- cslm: cslm imports nothing of moses_rnn, mtcommon neither package."""
+    crossing = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps
+                      if d.split(".")[0] not in ALLOWED[m.split(".")[0]])
+    assert not crossing, "imports against the one-way flow: " + ", ".join(crossing)
 
 
 def test_architectures_build_only_on_the_base_module():
