@@ -157,12 +157,17 @@ def _ini_edit(moses_ini, output, edit):
 @click.option("--weight", "-w", multiple=True, type=float, help="Initial weight, once or once per column [0.2].")
 @click.option("--path", "table_path", help="Also point the table at this file (the scored table).")
 @click.option("--fixed", is_flag=True, help="Mark the new columns untuneable (MERT keeps their weights).")
+@click.option("--table-has-columns", is_flag=True,
+              help="Without --path: the table already has the new columns; do not read its first line to check.")
 @click.option("-o", "--output", required=True, help="Output moses.ini ('-' for stdout).")
 @fail_cleanly
-def ini_add_columns(moses_ini, table, count, weight, table_path, fixed, output):
-    """Declare new score columns on a phrase table of MOSES_INI (num-features and weights)."""
-    _ini_edit(moses_ini, output, lambda cfg: cfg.add_columns(table, count, list(weight) or 0.2,
-                                                             path=table_path, fixed=fixed))
+def ini_add_columns(moses_ini, table, count, weight, table_path, fixed, table_has_columns, output):
+    """Declare new score columns on a phrase table of MOSES_INI (num-features and weights).
+
+    Without --path the table keeps its file, which must already have the new columns: its first
+    line is checked (relative paths from the current folder, as Moses reads them)."""
+    _ini_edit(moses_ini, output, lambda cfg: cfg.add_columns(table, count, list(weight) or 0.2, path=table_path,
+                                                             fixed=fixed, check_table=not table_has_columns))
 
 
 @ini.command("add-feature")

@@ -471,10 +471,7 @@ def table_path(args) -> None:
     tables = [ini.feature(args.table)] if args.table else ini.phrase_tables()
     if not tables or not tables[0].get("path"):
         raise ValueError(f"{args.ini}: no phrase table with a path")
-    path = tables[0].get("path")
-    if not Path(path).exists() and Path(path + ".gz").exists():
-        path += ".gz"
-    print(path)
+    print(tables[0].table_file())
 
 
 def positive(args) -> None:

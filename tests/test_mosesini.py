@@ -43,7 +43,7 @@ def test_add_columns_real_ini(shared_data):
     text = path.read_text()
     ini = MosesIni.parse(text)
     ini.add_columns("TranslationModel0", 1, 0.2, path="phrase-table.rnn.gz")
-    ini.add_columns("TranslationModel0", 1, 0.0, fixed=True)
+    ini.add_columns("TranslationModel0", 1, 0.0, fixed=True, check_table=False)
     out = ini.render()
     changes = _changed(text, out)
     assert len(changes) == 2  # the feature line and the weight line, nothing else
@@ -57,7 +57,7 @@ def test_add_columns_real_ini(shared_data):
 
 def test_add_columns_only_table_by_default(shared_data):
     ini = MosesIni.read(str(shared_data / "moses-sample" / "moses.ini"))
-    ini.add_columns(None, 2, [0.3, -0.1])
+    ini.add_columns(None, 2, [0.3, -0.1], check_table=False)
     assert ini.feature("PhraseDictionaryMemory0").get("num-features") == "7"
     assert ini.weights("PhraseDictionaryMemory0") == [0.2] * 5 + [0.3, -0.1]
 
@@ -111,6 +111,46 @@ def test_add_columns_errors(shared_data):
         ini.add_columns("TM9", 1)
     with pytest.raises(IniError, match="3 weights given for 2"):
         ini.add_columns("TranslationModel0", 2, [1, 2, 3])
+
+
+def _table_and_ini(folder, scores: int, table: str = "pt"):
+    """A one-line phrase table with `scores` scores (gzip if `table` ends in .gz) and a moses.ini
+    declaring 4 of them, its path= `pt`."""
+    import gzip
+
+    line = ("a ||| b ||| " + " ".join(["0.5"] * scores) + " ||| 0-0\n").encode()
+    (folder / table).write_bytes(gzip.compress(line) if table.endswith(".gz") else line)
+    ini = folder / "moses.ini"
+    ini.write_text("[feature]\nPhraseDictionaryMemory name=TranslationModel0 num-features=4 path=pt\n\n"
+                   "[weight]\nTranslationModel0= 0.2 0.2 0.2 0.2\n")
+    return ini
+
+
+def _add_columns(*args):
+    return CliRunner().invoke(main, ["ini", "add-columns", *map(str, args)])
+
+
+def test_add_columns_without_path_needs_the_columns_in_the_table(tmp_path, monkeypatch):
+    """Without --path the ini keeps its table, so num-features may only grow to the table's own count:
+    Moses refuses a table whose lines have another number of scores."""
+    monkeypatch.chdir(tmp_path)  # Moses reads a relative path= from the folder it runs in
+    ini = _table_and_ini(tmp_path, 4)
+    r = _add_columns(ini, "--count", "2", "-o", tmp_path / "out.ini")
+    assert r.exit_code == 1 and not (tmp_path / "out.ini").exists()
+    assert r.output.count("\n") == 1 and str(ini) in r.output and "pt has 4 scores a line, not the 6" in r.output
+    # the scored table named with --path, or the user's word that the table has them
+    assert _add_columns(ini, "--count", "2", "--path", "pt.rnn", "-o", tmp_path / "out.ini").exit_code == 0
+    assert MosesIni.read(str(tmp_path / "out.ini")).feature("TranslationModel0").get("num-features") == "6"
+    assert _add_columns(ini, "--count", "2", "--table-has-columns", "-o", tmp_path / "out2.ini").exit_code == 0
+    # a table that has them passes the check (as pt.gz: Moses adds .gz to a path that does not exist)
+    (tmp_path / "pt").unlink()
+    _table_and_ini(tmp_path, 6, "pt.gz")
+    assert _add_columns(ini, "--count", "2", "-o", tmp_path / "out3.ini").exit_code == 0
+    r = _add_columns(ini, "--count", "1", "-o", tmp_path / "out4.ini")
+    assert r.exit_code == 1 and "has 6 scores a line, not the 5" in r.output
+    (tmp_path / "pt.gz").unlink()
+    r = _add_columns(ini, "--count", "2", "-o", tmp_path / "out4.ini")
+    assert r.exit_code == 1 and "pt is not a file here" in r.output
 
 
 def test_missing_weight_section_is_created():

@@ -17,11 +17,12 @@ names are checked: letters, digits and `-`/`.`, starting with a letter.
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
 from mtcommon.errors import UserError
-from mtcommon.textio import InputError
+from mtcommon.textio import InputError, iter_lines
 
 #: Feature types that are phrase tables (their scores are table columns).
 PHRASE_TABLE_TYPES = (
@@ -92,6 +93,28 @@ class Feature:
     def render(self) -> str:
         parts = [self.type] + [k if v is None else f"{k}={v}" for k, v in self.args]
         return " ".join(parts)
+
+    def table_file(self) -> str | None:
+        """The file this phrase table's path= names, as Moses opens it: Moses adds .gz to a path
+        that does not exist. None without a path=."""
+        path = self.get("path")
+        if path is not None and not os.path.exists(path) and os.path.exists(path + ".gz"):
+            path += ".gz"
+        return path
+
+    def table_columns(self) -> int:
+        """The number of scores on the first line of the text phrase table this feature points at."""
+        from .phrasetable import parse_line
+
+        path = self.table_file()
+        if not path:
+            raise IniError(f"feature {self.name} has no path=")
+        if not os.path.isfile(path):
+            raise IniError(f"{self.name}'s table {path} is not a file here (a relative path is read from the "
+                           "current folder, as Moses reads it)")
+        for lineno, line in iter_lines(path):
+            return len(parse_line(line, path, lineno).scores)
+        raise InputError(path, None, "the phrase table is empty")
 
 
 @dataclass
@@ -213,8 +236,7 @@ class MosesIni:
 
     # ---- edits -----------------------------------------------------------
     def _set_weights(self, name: str, weights: list[float]) -> None:
-        if not all(math.isfinite(w) for w in weights):
-            raise IniError(f"weights of {name} must be finite numbers, got {weights}")
+        _check_finite(name, weights)
         line = f"{name}= " + " ".join(_fmt(w) for w in weights)
         i = self._weight_line(name)
         if i is not None:
@@ -237,13 +259,19 @@ class MosesIni:
         return last
 
     def add_columns(self, table: str | None, count: int, weight: float | list[float] = 0.2,
-                    path: str | None = None, fixed: bool = False) -> Feature:
+                    path: str | None = None, fixed: bool = False, check_table: bool = True) -> Feature:
         """Declare `count` more score columns on phrase table `table` (a feature name).
 
         `table` may be None when the file has exactly one phrase table. The
         new columns get `weight` (one value for all, or one per column);
         `path` replaces the table's path=; `fixed` marks the new columns
         untuneable (tuneable-components=), so MERT leaves their weights as given.
+
+        Without `path`, the table keeps its file, which must then already have
+        the new columns (Moses refuses a num-features that differs from the
+        table's): its first line is read and the edit refused unless it has
+        exactly the new num-features scores. `check_table=False` skips that
+        (a table this process cannot read, e.g. a binary one).
         """
         if count < 1:
             raise IniError("--count must be at least 1")
@@ -263,6 +291,13 @@ class MosesIni:
             raise IniError(f"feature {feat.name} has no line in [weight]")
         if len(weights) != old:
             raise IniError(f"feature {feat.name}: num-features={old} but {len(weights)} weights")
+        _check_finite(feat.name, weights + new_weights)
+        if path is None and check_table:
+            has = feat.table_columns()
+            if has != old + count:
+                raise IniError(f"{feat.name}'s table {feat.table_file()} has {has} scores a line, not the "
+                               f"{old + count} of num-features={old}+{count}: give the scored table with --path "
+                               "(or --table-has-columns to skip this check)")
         feat.set("num-features", str(old + count))
         if path is not None:
             feat.set("path", path)
@@ -333,6 +368,11 @@ class MosesIni:
         feat.set(key, value)
         self.lines[feat.index] = feat.render()
         self._index("moses.ini")
+
+
+def _check_finite(name: str, weights: list[float]) -> None:
+    if not all(math.isfinite(w) for w in weights):
+        raise IniError(f"weights of {name} must be finite numbers, got {weights}")
 
 
 def _fmt(w: float) -> str:
