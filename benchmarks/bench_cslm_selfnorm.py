@@ -37,7 +37,8 @@ import torch
 from common import SHARED, emit
 from cslm.data import build_vocab, sentence_ngrams
 from cslm.engine import Engine
-from cslm.model import CSLM, parameter_count, preset_config
+from cslm.model import CSLM, preset_config
+from mtcommon.modeldir import parameter_count
 from mtcommon.textio import iter_lines
 from mtcommon.vocab import BOS, EOS
 

@@ -149,7 +149,3 @@ class CSLM(nn.Module):
     def loss(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean negative natural-log likelihood of the targets."""
         return F.cross_entropy(self(context), target)
-
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

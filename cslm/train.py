@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from mtcommon.errors import UserError
+from mtcommon.runtime import is_big
 from mtcommon.trainer import Trainer, apply_recipe
 
 from . import modeldir
@@ -119,7 +120,7 @@ class NgramTrainer(Trainer):
         self._stream = None
 
     def big_model(self) -> bool:
-        return max(self.model_cfg.hidden) >= 256
+        return is_big(self.model_cfg)
 
     def build_model(self) -> CSLM:
         model = CSLM(self.model_cfg)

@@ -10,6 +10,7 @@ import click
 from mtcommon.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 from . import __version__
+from .networks import ARCHS
 
 
 def default_output(table: str, suffix: str = "rnn") -> str:
@@ -28,7 +29,7 @@ def main():
 @click.argument("table", type=click.Path(dir_okay=False))
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
-@click.option("--arch", default="encdec", show_default=True, type=click.Choice(["encdec", "rnnsearch"]),
+@click.option("--arch", default="encdec", show_default=True, type=click.Choice(ARCHS),
               help="RNN Encoder-Decoder (Cho et al., 2014) or RNNsearch with attention (Bahdanau et al., 2015).")
 @click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 256].")
 @click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")

@@ -65,6 +65,11 @@ def kind(model_dir: str) -> str | None:
             blob = json.load(f)
     except (OSError, ValueError):
         return None
+    return _format(blob)
+
+
+def _format(blob: object) -> str | None:
+    """The `format` of a config.json's contents, None if it is not a model config."""
     if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
         return None
     return blob.get("format", "moses-rnn")
@@ -105,7 +110,7 @@ def read_config(model_dir: str, fmt: str, parse: Callable[[dict], T]) -> tuple[T
         raise ModelError(path, f"invalid JSON at line {e.lineno} ({e.msg})") from None
     except UnicodeDecodeError as e:
         raise ModelError(path, f"invalid UTF-8 ({e.reason})") from None
-    found = kind(model_dir)
+    found = _format(blob)
     if found is None:
         raise ModelError(path, 'not a model config (no "model" object)')
     if found != fmt:
@@ -218,6 +223,11 @@ def load_checkpoint(model_dir: str) -> dict:
     if not isinstance(state, dict) or not all(isinstance(state.get(k), dict) for k in CHECKPOINT_KEYS):
         raise ModelError(path, f"not a training checkpoint (a dict of {', '.join(CHECKPOINT_KEYS)})")
     return state
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """The number of parameters of a model in memory (`weight_count`: of a model directory)."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def weight_count(model_dir: str) -> int:

@@ -68,6 +68,20 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
+#: The hidden width of the `small` presets (the RNN's GRU units, the CSLM's widest layer).
+SMALL_WIDTH = 256
+
+
+def is_big(config) -> bool:
+    """Whether a model is of the `small` preset's size or larger, by its config's `hidden` (an int, or
+    the CSLM's layer widths); without a config, yes. A big model's ops are large enough to split over
+    CPU threads; a smaller one runs on one thread and, for table scoring, in one process per core."""
+    hidden = getattr(config, "hidden", None)
+    if hidden is None:
+        return True
+    return max(hidden if isinstance(hidden, (tuple, list)) else (hidden,)) >= SMALL_WIDTH
+
+
 def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
     """Set torch's intra-op threads for CPU work and return the number used.
 
@@ -78,8 +92,7 @@ def configure_threads(device: torch.device, threads: int | None = None, config=N
     if device.type != "cpu":
         return torch.get_num_threads()
     if threads is None:
-        big = config is None or getattr(config, "hidden", 256) >= 256
-        threads = cpu_count() if big else 1
+        threads = cpu_count() if is_big(config) else 1
     if threads < 1:
         raise UserError(f"--threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)

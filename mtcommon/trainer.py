@@ -250,7 +250,7 @@ class Trainer:
             "valid_ppl": ppl,
             "best_valid_ppl": loop["best_valid_ppl"],
             "valid_ppl_history": loop["history"],
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": modeldir.parameter_count(model),
             "dtype": "bf16" if self.amp == torch.bfloat16 else "fp32",
             "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "processes": dist.world,

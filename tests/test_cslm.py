@@ -383,3 +383,19 @@ def test_real_french_slice(shared_data, tmp_path):
     cfg = TrainConfig(preset="tiny", vocab_size=500, max_epochs=2, valid_fraction=0.05, batch_size=64, device="cpu")
     res = train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
     assert res["best_valid_ppl"] < 500
+
+
+def test_cpu_threads_follow_the_model_size():
+    """One rule for both networks: a model below the `small` preset runs on one CPU thread, `small`
+    and up on every core (the CSLM's config gives its layer widths as a tuple)."""
+    from moses_rnn.networks.modelbase import preset_config as rnn_config
+    from mtcommon.runtime import configure_threads, cpu_count
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    try:
+        for config in (preset_config("tiny"), rnn_config("tiny")):
+            assert configure_threads(cpu, None, config) == 1 == torch.get_num_threads()
+        for config in (preset_config("small"), preset_config("paper"), rnn_config("small")):
+            assert configure_threads(cpu, None, config) == cpu_count() == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from moses_rnn.cli import main
 from moses_rnn.generation.generate import Generator, max_words, read_sources
+from moses_rnn.networks import ARCHS
 from moses_rnn.networks.modelbase import ModelConfig
 from moses_rnn.networks.modelio import LoadedModel, build_model
 from moses_rnn.scoring.score import PhraseScorer
@@ -34,7 +35,6 @@ def random_loaded(arch: str, seed: int = 0, std: float = 0.4) -> LoadedModel:
     return LoadedModel(model.eval(), vocab, vocab, cfg, {})
 
 
-ARCHS = ["encdec", "rnnsearch"]
 SOURCES = ["a b c", "d", "b b a c d"]
 
 

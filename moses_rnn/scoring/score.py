@@ -55,11 +55,13 @@ from tqdm import tqdm
 
 from mtcommon.errors import UserError
 from mtcommon.modeldir import ModelError
-from mtcommon.runtime import Distributed, amp_dtype, autocast, configure_threads, cpu_count, exit_with_parent, resolve_device
+from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, exit_with_parent, is_big,
+                              resolve_device)
 from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
 from mtcommon.vocab import EOS
 
 from ..formats.phrasetable import format_columns, parse_line, parse_window, phrase_key
+from ..networks.modelbase import log_normalizer_
 from ..networks.modelio import LoadedModel, load_model
 
 # Logits computed at once (rows x shortlist) by the prefix-tree decoder: on a CPU a block that stays
@@ -310,10 +312,7 @@ class PhraseScorer:
                 states.append(s)
                 local = node_d[p:q] - a
                 picked = logits[local, word_d[p:q]]
-                # log Z = m + log sum exp(logits - m), m the row max, in place on the logits buffer
-                m = logits.amax(dim=1, keepdim=True)
-                log_z = logits.sub_(m).exp_().sum(dim=1).log_().add_(m.squeeze(1))
-                out.index_add_(0, pair_d[p:q], (picked - log_z[local]).double())
+                out.index_add_(0, pair_d[p:q], (picked - log_normalizer_(logits)[local]).double())
             # children: (node, y_t) for the pairs that go on after y_t
             y = Y[active, t]
             going_on = y != self.eos
@@ -457,7 +456,7 @@ def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int
     dev = dist.start(resolve_device(device))
     scorer = PhraseScorer.from_dir(model_dir, device=str(dev), token_budget=token_budget, dtype=dtype)
     local = dist.local_world
-    if threads is None and local > 1 and dev.type == "cpu" and scorer.model.config.hidden >= 256:
+    if threads is None and local > 1 and dev.type == "cpu" and is_big(scorer.model.config):
         threads = max(1, cpu_count() // local)
     used = configure_threads(dev, threads, scorer.model.config)
     if workers is None:
@@ -476,7 +475,7 @@ def default_workers(device: torch.device, config, table: str) -> int:
     table is large enough (> 8 MB on disk) to repay their start-up (~2 s).
     Larger models and GPUs use one process (torch's own threads or the GPU).
     """
-    if device.type != "cpu" or config.hidden >= 256 or cpu_count() < 2:
+    if device.type != "cpu" or is_big(config) or cpu_count() < 2:
         return 1
     if table != "-" and os.path.getsize(table) < 8 << 20:
         return 1

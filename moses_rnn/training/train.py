@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from mtcommon.errors import UserError
+from mtcommon.runtime import is_big
 from mtcommon.trainer import Trainer, apply_recipe
 from mtcommon.vocab import EOS, Vocabulary
 
@@ -293,7 +294,7 @@ class PairTrainer(Trainer):
         self.max_steps, self.eval_every, self.patience = cfg.max_steps, cfg.eval_every, None
 
     def big_model(self) -> bool:
-        return self.model_cfg.hidden >= 256
+        return is_big(self.model_cfg)
 
     def build_model(self) -> torch.nn.Module:
         model = build_model(self.model_cfg)
