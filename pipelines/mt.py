@@ -3,7 +3,7 @@
     python mt.py prepare --src en --trg fr IN_PREFIX OUT_PREFIX [--lines N] [--max-len 80] [--max-ratio 9]
     python mt.py symmetrize FWD REV OUT          # grow-diag-final-and, Pharaoh "i-j" links
     python mt.py detok --lang fr IN OUT
-    python mt.py report WORK_DIR OUT.md [--systems baseline,rnn,...] [--tuner mert] [--test-ref REF] [--dev-ref REF --plot PNG]
+    python mt.py report WORK_DIR OUT.md --systems baseline,rnn,... [--tuner mert] [--test-ref REF] [--dev-ref REF --plot PNG]
     python mt.py reweight FILTERED.ini TUNED.ini -o OUT.ini   # TUNED's weights in the filtered model
     python mt.py table-path MOSES.ini [--table NAME]          # the file of a phrase table (the first)
     python mt.py best-iteration MERT.log                      # the iteration --return-best-dev kept
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from mtcommon.textio import InputError, atomic_output, iter_lines
 
-SYSTEMS = ["baseline", "rnn", "cslm-rnn", "cslm-rnn-wp"]
+# the report's names of the systems of pipelines/Makefile (SYSTEMS there); another name is shown as it is
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP"}
 
 
@@ -187,42 +187,14 @@ def _lines(path: Path) -> list[str]:
 
 # ---- moses.ini: the tuned weights in a filtered model ------------------------------
 
-def _ini_sections(path: str) -> list[tuple[str, list[str]]]:
-    """A moses.ini as (section name, its lines) in file order; lines before the first section
-    (comments) go under the name ''."""
-    sections: list[tuple[str, list[str]]] = [("", [])]
-    for _, line in iter_lines(path):
-        stripped = line.strip()
-        if stripped.startswith("[") and stripped.endswith("]"):
-            sections.append((stripped[1:-1], []))
-        else:
-            sections[-1][1].append(line)
-    return sections
-
-
-def _weight_names(lines: list[str]) -> list[str]:
-    return [line.split("=", 1)[0].strip() for line in lines if "=" in line and not line.lstrip().startswith("#")]
-
-
 def reweight(args) -> None:
     """FILTERED's moses.ini (the tables filtered to one set's sentences) with TUNED's [weight]
     section: both must weight the same features, else the filtered model is of another system."""
-    filtered, tuned = _ini_sections(args.filtered), _ini_sections(args.tuned)
-    weights = [lines for name, lines in tuned if name == "weight"]
-    if len(weights) != 1:
-        raise ValueError(f"{args.tuned}: expected one [weight] section, found {len(weights)}")
-    old = [lines for name, lines in filtered if name == "weight"]
-    if len(old) != 1:
-        raise ValueError(f"{args.filtered}: expected one [weight] section, found {len(old)}")
-    if sorted(_weight_names(old[0])) != sorted(_weight_names(weights[0])):
-        raise ValueError(f"{args.tuned} weights features {_weight_names(weights[0])}, "
-                         f"{args.filtered} has {_weight_names(old[0])}")
-    out = []
-    for name, lines in filtered:
-        if name:
-            out.append(f"[{name}]")
-        out.extend(weights[0] if name == "weight" else lines)
-    _write_lines(args.output, out)
+    from moses_rnn.formats.mosesini import MosesIni
+
+    filtered = MosesIni.read(args.filtered)
+    filtered.copy_weights(MosesIni.read(args.tuned))
+    _write_lines(args.output, filtered.lines)
 
 
 # ---- step times ------------------------------------------------------------------------
@@ -260,9 +232,10 @@ def _model_row(name: str, folder: Path) -> str | None:
     updates, held-out perplexity (from its config.json, written by the trainer)."""
     from mtcommon import modeldir
 
-    if modeldir.kind(str(folder)) is None:
+    fmt = modeldir.kind(str(folder))
+    if fmt is None:
         return None
-    meta = json.loads((folder / modeldir.CONFIG).read_text(encoding="utf-8")).get("meta", {})
+    _, meta = modeldir.read_config(str(folder), fmt, lambda config: config)
     train = meta.get("train_config", {})
     budget = f"{train['max_minutes']:g} min" if train.get("max_minutes") else "until early stopping"
     ppl = meta.get("valid_ppl")
@@ -572,7 +545,9 @@ def main(argv=None) -> None:
     a = sub.add_parser("report")
     a.add_argument("work")
     a.add_argument("output")
-    a.add_argument("--systems", default=",".join(SYSTEMS), help="the first is the baseline of the paired tests")
+    a.add_argument("--systems", required=True,
+                   help="the systems (pipelines/Makefile's SYSTEMS), by spaces or commas; the first is the baseline "
+                        "of the paired tests")
     a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
     a.add_argument("--tuner", default="mert", choices=sorted(TUNER_FLAGS), help="whose tunings: systems/S/TUNER-K")
     a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")

@@ -153,6 +153,28 @@ def test_add_columns_without_path_needs_the_columns_in_the_table(tmp_path, monke
     assert r.exit_code == 1 and "pt is not a file here" in r.output
 
 
+def test_copy_weights_takes_the_other_files_weight_section(shared_data):
+    """A tuned model's weights into a filtered copy of it: the [weight] lines as they are, every other
+    line of the copy kept; refused when the two weight other features or a file has no [weight]."""
+    text = (shared_data / "en-fr-moses" / "moses.ini").read_text()
+    head, weights = text.split("[weight]\n")
+    tuned_weights = "LM0= 0.05\nTranslationModel0= 0.1 -0.2 0.3 0.04\n" + "".join(  # other values, other order
+        line.replace("0.", "0.0") + "\n" for line in weights.splitlines() if line[:3] not in ("LM0", "Tra"))
+    tuned = MosesIni.parse(head.replace("lm.fr.5.arpa.gz", "/elsewhere/lm.bin") + "[weight]\n" + tuned_weights)
+    filtered = MosesIni.parse(text.replace("path=phrase-table.gz", "path=filtered/phrase-table.gz"))
+    filtered.copy_weights(tuned)
+    assert filtered.render().endswith("[weight]\n" + tuned_weights)
+    assert filtered.weights("TranslationModel0") == [0.1, -0.2, 0.3, 0.04]
+    assert filtered.feature("TranslationModel0").get("path") == "filtered/phrase-table.gz"
+    assert filtered.feature("LM0").get("path") == "lm.fr.5.arpa.gz"  # only the weights are copied
+    other = MosesIni.parse(text, "other.ini")
+    other.add_feature("CSLM name=CSLM0 num-features=1", [0.1])
+    with pytest.raises(IniError, match=r"other.ini weights features \[.*'CSLM0'\], moses.ini has"):
+        filtered.copy_weights(other)
+    with pytest.raises(IniError, match=r"^none.ini: expected one \[weight\] section, found 0$"):
+        filtered.copy_weights(MosesIni.parse("[feature]\nWordPenalty\n", "none.ini"))
+
+
 def test_missing_weight_section_is_created():
     ini = MosesIni.parse("[feature]\nWordPenalty\n")
     ini.add_feature("CSLM name=CSLM0", [1, 2])

@@ -19,6 +19,10 @@ import mt  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
 
+# the paper's four systems of Table 1, which a run builds, tunes and reports
+PAPER_SYSTEMS = ("baseline", "rnn", "cslm-rnn", "cslm-rnn-wp")
+
+
 def _make(*args, cwd=PIPE, env_extra=None, **vars_):
     bindir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), **(env_extra or {})}
@@ -41,7 +45,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     # the sorted extracts go once the tables are built, before the folder is renamed; lex.* stay
     assert plan.index("extract.*sorted.gz") < plan.index(f"mv {tmp_path}/w/train.tmp {tmp_path}/w/train")
     assert "rm -f" in plan.splitlines()[[i for i, l in enumerate(plan.splitlines()) if "extract.*sorted.gz" in l][0]]
-    for system in mt.SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
+    for system in PAPER_SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
         for k in (1, 2, 3):
             assert f"systems/{system}/mert-{k}/mert" in plan and f"systems/{system}/mert-{k}/$set.ini" in plan
         # the tables filtered once per system, each run's weights put into them; every tuning
@@ -63,6 +67,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
     assert "model-devtest" not in plan
     assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan and "--tuner mert" in plan
+    assert f'--systems "{" ".join(PAPER_SYSTEMS)}"' in plan  # the report's systems: the Makefile's list
     for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
         assert f"times.tsv {step} -- " in plan, step
     assert "--max-minutes 120" in plan  # the full run's budget per network
@@ -230,6 +235,26 @@ def test_detok_and_report(tmp_path):
     assert any(sig in line for line in table)
 
 
+def test_report_lists_the_networks_from_their_model_directories(tmp_path):
+    """The networks' table comes from each model directory as the project reads one: its size from
+    the weights, the rest from config.json's training metadata; a damaged config.json is one line."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    model = tmp_path / "rnn" / "model"
+    model.mkdir(parents=True)
+    save_file({"w": np.zeros((1000, 1500), dtype=np.float32)}, str(model / "model.safetensors"))
+    meta = {"train_config": {"preset": "small", "recipe": "fast", "max_minutes": 60, "threads": 2}, "step": 1234,
+            "valid_ppl": 6.4321}
+    (model / "config.json").write_text(json.dumps({"format": "moses-rnn", "model": {}, "meta": meta}))
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline"])
+    assert ("| RNN Encoder–Decoder | small | 1.5 M | fast | 60 min, 2 thread(s) | 1234 | 6.43 |"
+            in (tmp_path / "report.md").read_text().splitlines())
+    (model / "config.json").write_text(json.dumps({"format": "moses-rnn", "model": {}, "meta": ["not", "a", "dict"]}))
+    with pytest.raises(SystemExit, match=f"mt.py report: {model / 'config.json'}: \"meta\" is not an object"):
+        mt.main(["report", str(tmp_path), str(tmp_path / "report2.md"), "--systems", "baseline"])
+
+
 def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
     """Three tunings per system: mean ± sample sd, and a paired bootstrap p-value per tuning that is
     small where the system's output is much closer to the reference than the baseline's, not small
@@ -352,6 +377,9 @@ def test_reweight_puts_the_tuned_weights_into_the_filtered_model(tmp_path):
     assert out.startswith("# filtered\n[feature]") and "[distortion-limit]\n6" in out
     tuned.write_text("[weight]\nLM0= 0.1\nTranslationModel0= 0.03 -0.4\nCSLM0= 0.1\n")
     with pytest.raises(SystemExit, match="tuned.ini weights features"):
+        mt.main(["reweight", str(filtered), str(tuned), "-o", str(tmp_path / "bad.ini")])
+    tuned.write_text("[feature]\nDistortion\n")
+    with pytest.raises(SystemExit, match=f"mt.py reweight: {tuned}: expected one \\[weight\\] section, found 0"):
         mt.main(["reweight", str(filtered), str(tuned), "-o", str(tmp_path / "bad.ini")])
     assert not (tmp_path / "bad.ini").exists()
 
@@ -561,7 +589,7 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert r.returncode == 0, r.stderr
     plan = r.stdout
     assert plan.count("mert-moses.pl") == 12 and plan.count(flag) == 4
-    for system in mt.SYSTEMS:
+    for system in PAPER_SYSTEMS:
         assert f"{w}/systems/{system}/{tuner}-3/tuned.ini" in plan
     assert f"--tuner {tuner} " in plan and f"{w}/report.{tuner}.png" in plan
     assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")

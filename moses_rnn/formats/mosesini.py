@@ -125,6 +125,7 @@ class MosesIni:
     newline: str = "\n"
     trailing_newline: bool = True
     features: list[Feature] = field(default_factory=list)
+    path: str = "moses.ini"  # where it was read from, for messages
 
     # ---- reading -------------------------------------------------------
     @classmethod
@@ -134,7 +135,7 @@ class MosesIni:
         trailing = lines[-1] == ""
         if trailing:
             lines.pop()
-        ini = cls(lines=lines, newline=newline, trailing_newline=trailing)
+        ini = cls(lines=lines, newline=newline, trailing_newline=trailing, path=path)
         ini._index(path)
         return ini
 
@@ -225,6 +226,19 @@ class MosesIni:
                 return i
         return None
 
+    def _weight_section(self) -> tuple[int, int]:
+        """(header index, end exclusive) of the one [weight] section."""
+        spans = [(i, end) for sec, i, end in self._sections() if sec == "weight"]
+        if len(spans) != 1:
+            raise IniError(f"{self.path}: expected one [weight] section, found {len(spans)}")
+        return spans[0]
+
+    def weight_names(self) -> list[str]:
+        """The names the [weight] section gives weights to, in file order."""
+        start, end = self._weight_section()
+        contents = (self._content(line) for line in self.lines[start + 1 : end])
+        return [s.split("=", 1)[0].strip() for s in contents if "=" in s]
+
     def weights(self, name: str) -> list[float] | None:
         i = self._weight_line(name)
         if i is None:
@@ -257,6 +271,17 @@ class MosesIni:
             if self.lines[i].strip():
                 last = i
         return last
+
+    def copy_weights(self, other: "MosesIni") -> None:
+        """Put `other`'s [weight] section, line for line, in place of this one's (a tuned model's
+        weights into a filtered copy of it). Both must weight the same features, else `other` is
+        the model of another system."""
+        start, end = self._weight_section()
+        other_start, other_end = other._weight_section()
+        if sorted(self.weight_names()) != sorted(other.weight_names()):
+            raise IniError(f"{other.path} weights features {other.weight_names()}, {self.path} has "
+                           f"{self.weight_names()}")
+        self.lines[start + 1 : end] = other.lines[other_start + 1 : other_end]
 
     def add_columns(self, table: str | None, count: int, weight: float | list[float] = 0.2,
                     path: str | None = None, fixed: bool = False, check_table: bool = True) -> Feature:
