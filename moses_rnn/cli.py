@@ -348,7 +348,8 @@ def analyze():
 _column_options = [
     click.option("--tm-column", default=2, show_default=True,
                  help="0-based score column of p(target | source) (Moses order: 2)."),
-    click.option("--rnn-column", default=-1, show_default=True, help="Score column of the RNN (last: -1)."),
+    click.option("--rnn-column", type=int, help="0-based score column of the RNN [found by itself: the last, or "
+                 "the one before the unknown-word count of `score --unknown`; refused when it cannot tell]."),
 ]
 
 

@@ -73,6 +73,36 @@ def test_scatter_png_and_correlation(scored_table, tmp_path):
     assert -1.0 <= full["pearson"] <= 1.0
 
 
+def test_rnn_column_found_beside_the_unknown_word_count(tiny_model, example_table, tmp_path):
+    """A table scored with --unknown ends in the unknown-word count; the analysis reads the RNN column
+    before it, by itself, and refuses a table whose columns it cannot tell apart."""
+    from moses_rnn.analysis.analyze import sample_scores
+    from moses_rnn.formats.phrasetable import read_phrase_table
+
+    table, scored = tmp_path / "table", tmp_path / "scored.gz"
+    table.write_text(example_table.read_text(encoding="utf-8") + "zyx wvu big book ||| zyx grand livre ||| "
+                     "0.5 0.4 0.3 0.2 ||| 0-0 1-1 2-2 3-2 ||| 1 1 1 ||| |||\n", encoding="utf-8")
+    r = CliRunner().invoke(main, ["score", str(table), "-m", str(tiny_model), "-o", str(scored), "--unknown",
+                                  "--quiet", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    rows = [p.scores for p in read_phrase_table(str(scored))]
+    assert {len(s) for s in rows} == {6} and rows[-1][5] == pytest.approx(math.exp(3))  # zyx twice, wvu
+    x, y, n = sample_scores(str(scored))
+    assert n == len(rows)
+    assert np.allclose(y, [math.log(s[4]) for s in rows]) and np.allclose(x, [math.log(s[2]) for s in rows])
+    t = table2(str(scored), min_words=3, per_group=1, min_targets=2)
+    lp = {(p.source, p.target): math.log(p.scores[4]) for p in read_phrase_table(str(scored))}
+    entry = (t.frequent + t.rare)[0]
+    assert [v for _, v in entry.by_rnn] == pytest.approx([lp[entry.source, w] for w, _ in entry.by_rnn])
+    # the table before scoring: its last score is Moses's lex(e|f), not the RNN's
+    r = CliRunner().invoke(main, ["analyze", "scatter", str(example_table), "-o", str(tmp_path / "f.png")])
+    assert r.exit_code == 1 and "cannot tell which of its 4 scores is the RNN's" in r.output
+    assert r.output.count("\n") == 1 and not (tmp_path / "f.png").exists()
+    # a column given by hand that holds a count is refused on the first line that is not a probability
+    r = CliRunner().invoke(main, ["analyze", "scatter", str(scored), "--rnn-column", "5", "-o", str(tmp_path / "f.png")])
+    assert r.exit_code == 1 and f"{scored}:{len(rows)}: score column 5 is 20.0855, more than 1" in r.output
+
+
 def test_word_map_and_vector_export(tiny_model, tmp_path):
     loaded = load_model(str(tiny_model))
     out, prefix = tmp_path / "fig4.png", tmp_path / "words"

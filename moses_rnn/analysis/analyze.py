@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import heapq
 import html
+import itertools
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -32,7 +33,67 @@ import torch
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError, atomic_output
 
-from ..formats.phrasetable import read_phrase_table
+from ..formats.phrasetable import PhrasePair, read_phrase_table
+
+
+# ---------------------------------------------------------------------------
+# The columns of a scored table
+
+#: Scores of a phrase table written by Moses's train-model.perl, before `moses-rnn score` appends its columns.
+MOSES_SCORES = 4
+
+
+def _is_count(value: float) -> bool:
+    """Whether a score is e^k for a whole k >= 0, as `score --unknown` writes the unknown-word count
+    (7 significant digits: ln within 1e-6 of k)."""
+    if value < 1.0:
+        return False
+    k = math.log(value)
+    return abs(k - round(k)) < 1e-6
+
+
+def find_rnn_column(rows: Sequence[Sequence[float]], table: str) -> int:
+    """The 0-based score column that `moses-rnn score` wrote, from the scores of a table's first lines.
+
+    `score` appends the RNN's e^(log p) (at most 1) and, with `--unknown`, after it the unknown-word
+    count as e^count (a whole power of e). So: the last column if it is not such a count on every
+    line, else the one before it; behind at least Moses's 4 scores, and at most 1 on every line.
+    Anything else is refused: the table's columns cannot be told apart without --rnn-column.
+    """
+    if not rows:
+        return -1  # an empty table: nothing will be read
+    n = len(rows[0])
+    unknown = all(_is_count(r[-1]) for r in rows)
+    col = n - 2 if unknown else n - 1
+    if col < MOSES_SCORES or not all(r[col] <= 1.0 for r in rows):
+        raise InputError(table, None, f"cannot tell which of its {n} scores is the RNN's (`moses-rnn score` writes "
+                         f"e^(log p) <= 1 after Moses's {MOSES_SCORES}, then with --unknown a whole power of e): "
+                         "give --rnn-column")
+    return col
+
+
+def scored_pairs(table: str, rnn_column: int | None = None,
+                 lookahead: int = 1000) -> tuple[int, Iterator[PhrasePair]]:
+    """(the RNN's column, the table's pairs): `rnn_column`, or where `find_rnn_column` finds it in the
+    first `lookahead` lines. The table is read once (a stream on stdin works)."""
+    pairs = read_phrase_table(table)
+    if rnn_column is not None:
+        return rnn_column, pairs
+    head = list(itertools.islice(pairs, lookahead))
+    return find_rnn_column([p.scores for p in head], table), itertools.chain(head, pairs)
+
+
+def tm_and_rnn(pair: PhrasePair, table: str, tm_column: int, rnn_column: int) -> tuple[float, float]:
+    """(p(target | source) of the translation model, the RNN's log p) of one line."""
+    s = pair.scores
+    try:
+        tm, rnn = s[tm_column], s[rnn_column]
+    except IndexError:
+        raise InputError(table, pair.lineno, f"{len(s)} scores: no column {tm_column} or {rnn_column}") from None
+    if rnn > 1.0:
+        raise InputError(table, pair.lineno, f"score column {rnn_column} is {rnn:g}, more than 1: not the RNN's "
+                         "e^(log p) (see --rnn-column)")
+    return tm, math.log(rnn)
 
 
 # ---------------------------------------------------------------------------
@@ -73,10 +134,10 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _source_groups(table: str):
+def _source_groups(pairs: Iterable[PhrasePair]):
     """Yield (source, [pairs]) for each run of consecutive lines with the same source."""
     group, source = [], None
-    for pair in read_phrase_table(table):
+    for pair in pairs:
         if pair.source != source and group:
             yield source, group
             group = []
@@ -102,7 +163,7 @@ def source_count(pair, table: str) -> float:
 def table2(
     table: str,
     tm_column: int = 2,
-    rnn_column: int = -1,
+    rnn_column: int | None = None,
     min_words: int = 4,
     per_group: int = 5,
     top: int = 3,
@@ -110,7 +171,8 @@ def table2(
     min_targets: int = 2,
     seed: int = 1,
 ) -> Table2:
-    """Table 2 from a table scored by `moses-rnn score` (its RNN column is `rnn_column`).
+    """Table 2 from a table scored by `moses-rnn score` (its RNN column is `rnn_column`, found
+    by `find_rnn_column` when None).
 
     Frequent: the `per_group` long sources with the highest count(source).
     Rare: `per_group` long sources drawn at random (seeded) among those with
@@ -124,7 +186,8 @@ def table2(
     rare_seen = 0
     seen: set[int] = set()
     result = Table2()
-    for source, group in _source_groups(table):
+    rnn_column, pairs = scored_pairs(table, rnn_column)
+    for source, group in _source_groups(pairs):
         if len(source.split()) < min_words:
             continue
         key = hash(source)
@@ -143,13 +206,7 @@ def table2(
             slot = len(rare) if len(rare) < per_group else rng.randrange(rare_seen)
             if slot >= per_group:
                 continue
-        scored = []
-        for p in group:
-            s = p.scores
-            try:
-                scored.append((p.target, s[tm_column], math.log(s[rnn_column])))
-            except IndexError:
-                raise InputError(table, p.lineno, f"{len(s)} scores: no column {tm_column} or {rnn_column}") from None
+        scored = [(p.target, *tm_and_rnn(p, table, tm_column, rnn_column)) for p in group]
         by_tm = sorted(scored, key=lambda x: (-x[1], x[0]))[:top]
         by_rnn = sorted(scored, key=lambda x: (-x[2], x[0]))[:top]
         entry = SourceEntry(source, count, [(t, p) for t, p, _ in by_tm], [(t, lp) for t, _, lp in by_rnn])
@@ -171,16 +228,16 @@ def table2(
 # Figure 3
 
 
-def sample_scores(table: str, tm_column: int = 2, rnn_column: int = -1, max_points: int = 50000, seed: int = 1):
-    """(log p_TM, log p_RNN, total pairs) for a uniform random sample (reservoir) of the table's pairs."""
+def sample_scores(table: str, tm_column: int = 2, rnn_column: int | None = None, max_points: int = 50000,
+                  seed: int = 1):
+    """(log p_TM, log p_RNN, total pairs) for a uniform random sample (reservoir) of the table's pairs
+    (`rnn_column` None: found by `find_rnn_column`)."""
     rng = random.Random(seed)
     xs, ys, n = [], [], 0
-    for pair in read_phrase_table(table):
-        s = pair.scores
-        try:
-            x, y = math.log(s[tm_column]), math.log(s[rnn_column])
-        except IndexError:
-            raise InputError(table, pair.lineno, f"{len(s)} scores: no column {tm_column} or {rnn_column}") from None
+    rnn_column, pairs = scored_pairs(table, rnn_column)
+    for pair in pairs:
+        tm, y = tm_and_rnn(pair, table, tm_column, rnn_column)
+        x = math.log(tm)
         n += 1
         if len(xs) < max_points:
             xs.append(x)
@@ -206,7 +263,7 @@ def save_figure(fig, path: str, dpi: int = 150) -> None:
         fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight")
 
 
-def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int = -1,
+def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int | None = None,
                   max_points: int = 50000, seed: int = 1) -> dict:
     """Figure 3 as PNG; returns the number of pairs, points drawn and the correlations."""
     x, y, n = sample_scores(table, tm_column, rnn_column, max_points, seed)
