@@ -199,18 +199,48 @@ def test_empty_table_is_an_error_not_an_empty_output(tmp_path, tiny_model):
     assert not out.exists()
 
 
-def test_setup_scoring_chooses_what_the_command_runs(example_table, tiny_model):
-    from moses_rnn.scoring.score import default_workers, setup_scoring
-    from mtcommon.runtime import configure_threads
+def direct_log_probs(model, src_vocab, tgt_vocab, pairs):
+    """log p(target | source) of each pair from one plain teacher-forced forward pass of `model`."""
+    import torch
 
-    s = setup_scoring(str(tiny_model), str(example_table), device="cpu")
-    assert s.device.type == "cpu" and s.scorer.model_dir == str(tiny_model)
-    assert s.workers == default_workers(s.device, s.scorer.model.config, str(example_table)) == 1  # a small table
-    assert s.threads == configure_threads(s.device, None, s.scorer.model.config)
-    s = setup_scoring(str(tiny_model), str(example_table), device="cpu", threads=1, workers=3, token_budget=99)
-    assert (s.threads, s.workers, s.scorer.token_budget) == (1, 3, 99)
-    with pytest.raises(ValueError, match="at least 1"):
-        setup_scoring(str(tiny_model), str(example_table), device="cpu", workers=0)
+    out = []
+    with torch.no_grad():
+        for s, t in pairs:
+            src = torch.tensor([src_vocab.encode(s.split())])
+            tgt = torch.tensor([tgt_vocab.encode(t.split()) + [tgt_vocab.index["</s>"]]])
+            out.append(float(model(src, torch.ones_like(src, dtype=torch.bool), tgt,
+                                   torch.ones_like(tgt, dtype=torch.bool))[0]))
+    return np.array(out)
+
+
+def test_setup_scoring_runs_the_model_with_the_cores_it_should(example_table, tiny_model, tmp_path):
+    """What `moses-rnn score` sets up: the directory's model (its scores are the model's own), on one
+    torch thread for a model below the `small` preset, in one process for a small table and in one
+    process per core for a table over 8 MB; the user's choices kept; no workers refused."""
+    import torch
+
+    from moses_rnn.networks.modelio import load_model
+    from moses_rnn.scoring.score import setup_scoring
+    from mtcommon.runtime import cpu_count
+
+    before = torch.get_num_threads()
+    try:
+        s = setup_scoring(str(tiny_model), str(example_table), device="cpu")
+        assert s.device.type == "cpu" and (s.threads, torch.get_num_threads(), s.workers) == (1, 1, 1)
+        pairs = [(p.source, p.target) for p in read_phrase_table(str(example_table))][::20]
+        loaded = load_model(str(tiny_model))
+        assert np.allclose(s.scorer.score(pairs), direct_log_probs(loaded.model, loaded.src_vocab, loaded.tgt_vocab,
+                                                                   pairs), atol=1e-4)
+        big = tmp_path / "big.phrase-table"
+        big.write_bytes(example_table.read_bytes() * (9 * 2**20 // example_table.stat().st_size))
+        assert setup_scoring(str(tiny_model), str(big), device="cpu").workers == (cpu_count() if cpu_count() > 1
+                                                                                  else 1)
+        s = setup_scoring(str(tiny_model), str(big), device="cpu", threads=2, workers=3, token_budget=99)
+        assert (s.threads, torch.get_num_threads(), s.workers, s.scorer.token_budget) == (2, 2, 3, 99)
+        with pytest.raises(ValueError, match="at least 1"):
+            setup_scoring(str(tiny_model), str(example_table), device="cpu", workers=0)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_device_that_is_not_there_is_one_line(example_table, tiny_model, tmp_path):
@@ -336,25 +366,50 @@ def test_gzip_output_is_a_function_of_the_text(tmp_path):
     assert gzip.decompress(outs[0]) == text and len(set(outs)) == 1
 
 
-def test_node_chunk_follows_the_shortlist():
+@pytest.mark.parametrize("vocab_size", [256, 15000])
+def test_logits_come_in_cache_sized_blocks(vocab_size):
+    """On a CPU the prefix-tree decoder computes the softmax over a block of nodes at a time: at most
+    1 MiB of logits (a core's L2 cache) for a small shortlist, 512 rows for a large one (matrix products
+    of useful size), and the scores are the model's own whatever the block."""
     import torch
 
-    from moses_rnn.scoring.score import default_node_chunk
+    loaded = untrained("encdec", vocab_size)
+    scorer = PhraseScorer(loaded)
+    blocks = []
+    step = scorer.model.step
 
-    cpu = torch.device("cpu")
-    assert default_node_chunk(cpu, 256) == 1024 and default_node_chunk(cpu, 15000) == 512
-    assert default_node_chunk(torch.device("cuda"), 15000) == (1 << 26) // 15000
+    def watched(*args):
+        logits, state = step(*args)
+        blocks.append(logits.shape)
+        return logits, state
+
+    scorer.model.step = watched
+    r = random.Random(1)
+    words = [f"w{i}" for i in range(40)]
+    pairs = [(" ".join(r.choices(words, k=r.randint(2, 4))), " ".join(r.choices(words, k=r.randint(1, 3))))
+             for _ in range(3000)]
+    got = scorer.score(pairs)
+    rows = max(b[0] for b in blocks)
+    assert all(b[1] == vocab_size for b in blocks)
+    if vocab_size == 256:
+        assert (1 << 19) < rows * vocab_size * 4 <= 1 << 20
+    else:
+        assert rows == 512
+    del scorer.model.step
+    assert np.allclose(got[::50], direct_log_probs(loaded.model, loaded.src_vocab, loaded.tgt_vocab, pairs[::50]),
+                       rtol=1e-4, atol=1e-4)  # log p of -20 to -60 nats: the weights are scaled up (untrained)
+    assert np.allclose(got, PhraseScorer(loaded, node_chunk=7).score(pairs), rtol=1e-5, atol=1e-5)
 
 
 # -- bfloat16 ---------------------------------------------------------------------------------------------------
-def untrained(arch: str):
+def untrained(arch: str, vocab_size: int = 42):
     import torch
 
     from moses_rnn.networks.modelbase import preset_config
     from moses_rnn.networks.modelio import LoadedModel, build_model
     from mtcommon.vocab import Vocabulary
 
-    vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(40)])
+    vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(vocab_size - 2)])
     torch.manual_seed(0)
     model = build_model(preset_config("tiny", len(vocab), len(vocab), arch=arch))
     model.init_weights()
