@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mtcommon import modeldir
 from mtcommon.errors import UserError
 
 
@@ -56,7 +57,8 @@ class CSLMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CSLMConfig":
-        return cls(**{k: d[k] for k in ("vocab_size", "order", "embed", "hidden", "init_range") if k in d})
+        """The config of a config.json: unknown keys refused, missing ones default (`modeldir.from_fields`)."""
+        return modeldir.from_fields(cls, d)
 
 
 def _is_int(value) -> bool:

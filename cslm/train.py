@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
-from mtcommon.trainer import Trainer, apply_recipe
+from mtcommon.trainer import Schedule, Trainer, apply_recipe
 
 from . import modeldir
 from .data import build_vocab, heldout_ngrams, scan_corpus, stream_batches
@@ -97,7 +97,7 @@ class NgramObjective(torch.nn.Module):
 class NgramTrainer(Trainer):
     unit = "ngrams"
 
-    def prepare(self) -> None:
+    def prepare(self) -> Schedule:
         cfg = self.cfg
         self.info = info = scan_corpus(self.data, cfg.valid_fraction, cfg.seed)
         if self.resumed:
@@ -115,9 +115,8 @@ class NgramTrainer(Trainer):
             raise UserError(f"{self.data}: {info.train_ngrams} training n-grams, fewer than one batch of "
                              f"{cfg.batch_size}")
         steps_per_epoch = max(1, min(per_pass, (cfg.epoch_ngrams or info.train_ngrams) // cfg.batch_size))
-        self.max_steps = cfg.max_epochs * steps_per_epoch
-        self.eval_every, self.patience = steps_per_epoch, cfg.patience
         self._stream = None
+        return Schedule(cfg.max_epochs * steps_per_epoch, steps_per_epoch, cfg.patience)
 
     def big_model(self) -> bool:
         return is_big(self.model_cfg)
@@ -169,5 +168,5 @@ def train(corpus: str, model_dir: str, cfg: TrainConfig, resume: bool = False, p
     """
     trainer = NgramTrainer(corpus, model_dir, cfg, resume, progress, trace)
     summary = trainer.run()
-    summary["epochs"] = summary["steps"] // trainer.eval_every
+    summary["epochs"] = summary["steps"] // trainer.schedule.eval_every
     return summary

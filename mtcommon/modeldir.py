@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import MISSING, fields
 from typing import Callable, TypeVar
 
 import torch
@@ -34,7 +35,6 @@ from .textio import InputError, atomic_output
 from .vocab import Vocabulary
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint.pt"
-CHECKPOINT_KEYS = ("model", "optimizer", "loop", "train_config")  # each a dict
 
 T = TypeVar("T")
 
@@ -73,6 +73,25 @@ def _format(blob: object) -> str | None:
     if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
         return None
     return blob.get("format", "moses-rnn")
+
+
+def from_fields(cls: type[T], d: dict) -> T:
+    """The dataclass `cls` from a dict read from a file (config.json, checkpoint.pt).
+
+    The one rule for every such dict: a key `cls` does not declare is refused (a
+    UserError naming it: the file is damaged or from another program), a key it
+    lacks takes the field's default (files written before the field existed).
+    """
+    if not isinstance(d, dict):
+        raise UserError(f"not an object but {type(d).__name__}")
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    if unknown:
+        raise UserError(f"unknown keys {', '.join(map(repr, unknown))}")
+    missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise UserError(f"missing keys {', '.join(map(repr, missing))}")
+    return cls(**d)
 
 
 def write_json(path: str, obj: dict) -> None:
@@ -209,8 +228,9 @@ def save_checkpoint(model_dir: str, state: dict) -> None:
     os.replace(tmp, os.path.join(model_dir, CHECKPOINT))
 
 
-def load_checkpoint(model_dir: str) -> dict:
-    """The training state (a dict of CHECKPOINT_KEYS); `weights_only` loading runs no code from the file."""
+def load_checkpoint(model_dir: str) -> object:
+    """What `save_checkpoint` wrote (`mtcommon.trainer.Checkpoint` reads its layout);
+    `weights_only` loading runs no code from the file."""
     path = os.path.join(model_dir, CHECKPOINT)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{model_dir}: no {CHECKPOINT} to resume from")
@@ -220,8 +240,6 @@ def load_checkpoint(model_dir: str) -> dict:
         raise
     except Exception as e:  # a damaged file fails in many ways: EOFError, RuntimeError (zip), UnpicklingError...
         raise ModelError(path, f"not a readable training checkpoint ({_brief(e, 120)})") from None
-    if not isinstance(state, dict) or not all(isinstance(state.get(k), dict) for k in CHECKPOINT_KEYS):
-        raise ModelError(path, f"not a training checkpoint (a dict of {', '.join(CHECKPOINT_KEYS)})")
     return state
 
 

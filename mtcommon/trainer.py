@@ -20,12 +20,7 @@ written once:
   `train_seconds` (time in training steps only, without start-up and
   evaluation), so any script can compute the training rate.
 
-Contract of the loss: the objective's forward returns the *sum* of the
-negative log-likelihood over this rank's rows of the batch (plus any penalty
-summed the same way); the loop divides by the global batch's rows and
-multiplies by the number of ranks, so DDP's gradient average is exactly the
-gradient of the global batch's mean loss (Eq. 4 of Cho et al. 2014 for the
-phrase pairs).
+Each hook's contract is in its docstring.
 """
 
 from __future__ import annotations
@@ -33,12 +28,14 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from . import modeldir
+from .errors import UserError
 from .runtime import Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, choose_threads, resolve_device
 
 # Fields of a training config that a resumed run takes from the command line
@@ -55,27 +52,104 @@ def apply_recipe(cfg, recipes: dict[str, dict]) -> None:
             setattr(cfg, name, value)
 
 
-class Trainer:
-    """Train (or resume) one model into `model_dir`; `run()` returns the summary.
+@dataclass
+class Schedule:
+    """How long the loop runs and how often it evaluates: what `Trainer.prepare` returns."""
 
-    Subclasses set `unit` ("pairs", "ngrams") and implement the hooks below.
-    After `prepare`, they must have set `self.max_steps`, `self.eval_every` and
-    `self.patience` (None: no early stopping).
+    max_steps: int
+    eval_every: int  # steps between held-out evaluations (each followed by a checkpoint)
+    patience: int | None = None  # evaluations without improvement before stopping; None: no early stopping
+
+
+@dataclass
+class Evaluation:
+    """One held-out evaluation of a run: its perplexity after `step` steps."""
+
+    step: int
+    train_seconds: float  # time in training steps so far (start-up and evaluation excluded)
+    examples_seen: int  # rows of the global batches trained on so far
+    valid_ppl: float
+
+
+@dataclass
+class LoopState:
+    """The loop's counters: what a resumed run needs besides the weights, the optimiser and the config."""
+
+    step: int = 0  # steps done
+    best_valid_ppl: float = math.inf
+    since_best: int = 0  # evaluations since the best one (early stopping)
+    history: list[Evaluation] = field(default_factory=list)
+    train_seconds: float = 0.0
+    examples_seen: int = 0
+    saved: bool = False  # whether model.safetensors has been written
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoopState":
+        """The state `asdict` wrote; unknown keys refused, missing ones default (`modeldir.from_fields`)."""
+        state = modeldir.from_fields(cls, d)
+        if not isinstance(state.history, list):
+            raise UserError("`history` is not a list")
+        state.history = [modeldir.from_fields(Evaluation, e) for e in state.history]
+        return state
+
+
+@dataclass
+class Checkpoint:
+    """MODEL_DIR/checkpoint.pt: the latest training state, for --resume and a run's perplexity history.
+
+    Stored as a dict of plain values (tensors, numbers, strings, lists, dicts), which
+    torch.load(weights_only=True) reads back without running code from the file.
     """
 
-    unit = "examples"
+    model: dict  # parameter name -> tensor
+    optimizer: dict  # the optimiser's state_dict()
+    loop: LoopState
+    train_config: dict  # the training config's fields (asdict)
+
+    def save(self, model_dir: str) -> None:
+        """Write the file atomically (`modeldir.save_checkpoint`)."""
+        modeldir.save_checkpoint(model_dir, {"model": self.model, "optimizer": self.optimizer,
+                                             "loop": asdict(self.loop), "train_config": self.train_config})
+
+    @classmethod
+    def load(cls, model_dir: str) -> "Checkpoint":
+        """The file `save` wrote; a damaged file or another layout is a ModelError naming it."""
+        state = modeldir.load_checkpoint(model_dir)
+        try:
+            checkpoint = modeldir.from_fields(cls, state)
+            for name in ("model", "optimizer", "train_config"):
+                if not isinstance(getattr(checkpoint, name), dict):
+                    raise UserError(f"`{name}` is not a dict")
+            checkpoint.loop = LoopState.from_dict(checkpoint.loop)
+        except UserError as e:
+            raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
+                                      f"not a training checkpoint of this version ({e})") from None
+        return checkpoint
+
+
+class Trainer(ABC):
+    """Train (or resume) one model into `model_dir`; `run()` returns the summary.
+
+    Subclasses set `unit` (what a row of a batch is: "pairs", "ngrams") and
+    implement the abstract hooks; `run` calls them in this order: `prepare`,
+    `big_model`, `build_model`, `build_optimizer`, `build_objective`,
+    `describe`, then per step `batch`, per evaluation `heldout` and, on a new
+    best, `save_best`.
+    """
+
+    unit: str = "examples"
 
     def __init__(self, data: str, model_dir: str, cfg, resume: bool = False, progress: bool = True,
                  trace: bool = False):
         """`data`: the training data's path (a phrase table, a text corpus); `trace`: keep every step's loss."""
         self.data, self.model_dir, self.progress, self.trace = data, model_dir, progress, trace
         self.dist = Distributed.from_env()
-        self.state = None
+        self.checkpoint: Checkpoint | None = None
         if resume:
-            self.state = modeldir.load_checkpoint(model_dir)
+            self.checkpoint = Checkpoint.load(model_dir)
             try:
-                saved = type(cfg)(**self.state["train_config"])
-            except (TypeError, ValueError) as e:  # unknown fields, an unknown recipe
+                saved = modeldir.from_fields(type(cfg), self.checkpoint.train_config)
+            except ValueError as e:  # unknown fields, an unknown recipe
                 raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
                                           f"its train_config does not fit this version ({e})") from None
             for name in RUN_CONTROL:
@@ -91,41 +165,48 @@ class Trainer:
 
     # ---- hooks ------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Read the data, build or load vocabularies and the model config (resumed: `self.resumed`)."""
-        raise NotImplementedError
+    @abstractmethod
+    def prepare(self) -> Schedule:
+        """Read the data, build (or, if `self.resumed`, load) the vocabularies and the model config;
+        return how long to train and how often to evaluate. Called once, before any other hook."""
 
-    def build_model(self) -> torch.nn.Module:
-        """The model with its initial weights (the paper's initialisation), on the CPU."""
-        raise NotImplementedError
-
-    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
-        raise NotImplementedError
-
-    def build_objective(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A module whose forward(*batch) is the summed loss of this rank's rows (see the module doc)."""
-        raise NotImplementedError
-
-    def batch(self, step: int) -> tuple[tuple, int]:
-        """(this rank's share of the batch of step `step`, as objective arguments on the device;
-        the number of rows of the whole global batch)."""
-        raise NotImplementedError
-
-    def heldout(self, model: torch.nn.Module) -> tuple[float, int]:
-        """(summed negative natural-log likelihood, tokens) of this rank's share of the held-out set."""
-        raise NotImplementedError
-
-    def save_best(self, model: torch.nn.Module, meta: dict) -> None:
-        """Write the model directory's weights and config (rank 0 only calls this)."""
-        raise NotImplementedError
-
+    @abstractmethod
     def big_model(self) -> bool:
         """Whether the model is large enough (the `small` preset and up) to use several CPU threads."""
-        return True
 
+    @abstractmethod
+    def build_model(self) -> torch.nn.Module:
+        """The model with its initial weights (the paper's initialisation), on the CPU; also called
+        on the meta device to check a checkpoint's shapes, so it must only build, not load."""
+
+    @abstractmethod
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """A fresh optimiser over `model`'s parameters (a resumed run then loads its state)."""
+
+    @abstractmethod
+    def build_objective(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A module whose forward(*batch) returns the *sum* of the negative log-likelihood over this
+        rank's rows of the batch (plus any penalty summed the same way). The loop divides it by the
+        global batch's rows and multiplies by the number of ranks, so DDP's gradient average is exactly
+        the gradient of the global batch's mean loss (Eq. 4 of Cho et al. 2014 for the phrase pairs)."""
+
+    @abstractmethod
     def describe(self) -> dict:
-        """Numbers about the data for the summary and the saved metadata."""
-        return {}
+        """Numbers about the data (JSON values) for the summary and the saved metadata."""
+
+    @abstractmethod
+    def batch(self, step: int) -> tuple[tuple, int]:
+        """(this rank's share of the batch of step `step`, as objective arguments on the device;
+        the number of rows of the whole global batch). A pure function of the seed and `step`."""
+
+    @abstractmethod
+    def heldout(self, model: torch.nn.Module) -> tuple[float, int]:
+        """(summed negative natural-log likelihood, tokens) of this rank's share of the held-out set;
+        called in evaluation mode without gradients."""
+
+    @abstractmethod
+    def save_best(self, model: torch.nn.Module, meta: dict) -> None:
+        """Write the model directory's weights and config (only rank 0 calls this)."""
 
     # ---- the flow ---------------------------------------------------------
 
@@ -146,21 +227,20 @@ class Trainer:
 
     def _run(self) -> dict:
         cfg, dist = self.cfg, self.dist
-        self.prepare()
+        self.schedule = schedule = self.prepare()
         tuner = ThreadTuner(self.device, choose_threads(self.device, cfg.threads, self.big_model(), dist.local_world))
         torch.manual_seed(cfg.seed)
-        if self.state is None:
+        if self.checkpoint is None:
             model = self.build_model()
         else:  # the checkpoint's weights, checked against the model's config
             model = modeldir.fit_state(os.path.join(self.model_dir, modeldir.CHECKPOINT), self.build_model,
-                                       self.state["model"])
+                                       self.checkpoint.model)
         model.to(self.device).train()
         optimizer = self.build_optimizer(model)
-        loop = {"step": 0, "best_valid_ppl": math.inf, "since_best": 0, "history": [], "train_seconds": 0.0,
-                "examples_seen": 0, "saved": False}
-        if self.state is not None:
-            optimizer.load_state_dict(self.state["optimizer"])
-            loop.update(self.state["loop"])
+        loop = LoopState()
+        if self.checkpoint is not None:
+            optimizer.load_state_dict(self.checkpoint.optimizer)
+            loop = self.checkpoint.loop
         objective = self.build_objective(model)
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
@@ -172,27 +252,27 @@ class Trainer:
         meta = {**self.describe(), "train_config": asdict(cfg)}
 
         def record(ppl: float) -> None:
-            loop["history"].append({"step": loop["step"], "train_seconds": watch.seconds,
-                                    "examples_seen": loop["examples_seen"], "valid_ppl": ppl})
+            loop.history.append(Evaluation(loop.step, watch.seconds, loop.examples_seen, ppl))
 
         def checkpoint(ppl: float) -> None:
-            if ppl < loop["best_valid_ppl"] or not loop["saved"]:
-                loop["best_valid_ppl"], loop["since_best"], loop["saved"] = min(loop["best_valid_ppl"], ppl), 0, True
+            if ppl < loop.best_valid_ppl or not loop.saved:
+                loop.best_valid_ppl, loop.since_best, loop.saved = min(loop.best_valid_ppl, ppl), 0, True
                 if dist.is_main:
-                    self.save_best(model, {**meta, "step": loop["step"], "valid_ppl": ppl})
+                    self.save_best(model, {**meta, "step": loop.step, "valid_ppl": ppl})
             else:
-                loop["since_best"] += 1
-            self.write_checkpoint(model, optimizer, loop)
+                loop.since_best += 1
+            if dist.is_main:
+                Checkpoint(model.state_dict(), optimizer.state_dict(), loop, asdict(self.cfg)).save(self.model_dir)
 
         start = time.perf_counter()
-        run_start_step, run_start_seconds, run_start_seen = loop["step"], loop["train_seconds"], loop["examples_seen"]
-        watch = Stopwatch(loop["train_seconds"])
-        bar = tqdm(total=self.max_steps, initial=loop["step"], unit="step", dynamic_ncols=True,
+        run_start_step, run_start_seconds, run_start_seen = loop.step, loop.train_seconds, loop.examples_seen
+        watch = Stopwatch(loop.train_seconds)
+        bar = tqdm(total=schedule.max_steps, initial=loop.step, unit="step", dynamic_ncols=True,
                    disable=not (self.progress and dist.is_main))
         ppl, loss_ema, evaluated_at, stopped = math.nan, None, None, "max_steps"
         trace: list[float] = []
-        while loop["step"] < self.max_steps:
-            if self.patience is not None and loop["since_best"] >= self.patience:
+        while loop.step < schedule.max_steps:
+            if schedule.patience is not None and loop.since_best >= schedule.patience:
                 stopped = "patience"
                 break
             over = cfg.max_minutes is not None and time.perf_counter() - start > 60 * cfg.max_minutes
@@ -201,7 +281,7 @@ class Trainer:
             if over:
                 stopped = "max_minutes"
                 break
-            step = loop["step"]
+            step = loop.step
             tuner.before_step(step)
             t0 = time.perf_counter()
             with watch:
@@ -220,36 +300,36 @@ class Trainer:
                 value = dist.all_sum([value], self.device)[0] / dist.world
             if self.trace:
                 trace.append(value)
-            loop["step"] += 1
-            loop["examples_seen"] += rows
+            loop.step += 1
+            loop.examples_seen += rows
             loss_ema = value if loss_ema is None else 0.98 * loss_ema + 0.02 * value
-            if loop["step"] % self.eval_every == 0 or loop["step"] == self.max_steps:
-                ppl, evaluated_at = self.evaluate(model), loop["step"]
+            if loop.step % schedule.eval_every == 0 or loop.step == schedule.max_steps:
+                ppl, evaluated_at = self.evaluate(model), loop.step
                 record(ppl)
-                loop["train_seconds"] = watch.seconds
+                loop.train_seconds = watch.seconds
                 checkpoint(ppl)
-            rate = (loop["examples_seen"] - run_start_seen) / max(watch.seconds - run_start_seconds, 1e-9)
+            rate = (loop.examples_seen - run_start_seen) / max(watch.seconds - run_start_seconds, 1e-9)
             bar.set_postfix(loss=f"{loss_ema:.3f}", valid_ppl=f"{ppl:.2f}", **{f"{self.unit}_s": f"{rate:.0f}"},
                             refresh=False)
             bar.update(1)
         bar.close()
-        loop["train_seconds"] = watch.seconds
-        if evaluated_at != loop["step"] and stopped != "patience":  # stopped by the clock, or nothing to do
+        loop.train_seconds = watch.seconds
+        if evaluated_at != loop.step and stopped != "patience":  # stopped by the clock, or nothing to do
             ppl = self.evaluate(model)
-            if loop["step"] > run_start_step:
+            if loop.step > run_start_step:
                 record(ppl)
             checkpoint(ppl)
         dist.barrier()
         summary = {
             **self.describe(),
             "stopped": stopped,
-            "steps": loop["step"],
-            f"{self.unit}_seen": loop["examples_seen"] - run_start_seen,
+            "steps": loop.step,
+            f"{self.unit}_seen": loop.examples_seen - run_start_seen,
             "train_seconds": round(watch.seconds - run_start_seconds, 3),
             "seconds": round(time.perf_counter() - start, 3),
             "valid_ppl": ppl,
-            "best_valid_ppl": loop["best_valid_ppl"],
-            "valid_ppl_history": loop["history"],
+            "best_valid_ppl": loop.best_valid_ppl,
+            "valid_ppl_history": [asdict(e) for e in loop.history],
             "parameters": modeldir.parameter_count(model),
             "dtype": "bf16" if self.amp == torch.bfloat16 else "fp32",
             "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
@@ -259,10 +339,3 @@ class Trainer:
         if self.trace:
             summary["loss_trace"] = trace
         return summary
-
-    def write_checkpoint(self, model, optimizer, loop: dict) -> None:
-        if self.dist.is_main:
-            modeldir.save_checkpoint(self.model_dir, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "loop": dict(loop),
-                "train_config": asdict(self.cfg),
-            })

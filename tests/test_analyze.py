@@ -134,3 +134,14 @@ def test_cli_analyze(scored_table, tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["analyze", "table2", str(scored_table), "--rnn-column", "9"])
     assert r.exit_code != 0 and "scored.phrase-table:1" in r.output
+
+
+def test_training_curves_read_the_checkpoint_history(tiny_model, tmp_path):
+    from moses_rnn.analysis.analyze import training_history
+
+    history = training_history(str(tiny_model))  # 60 steps, evaluated every 30 (conftest)
+    assert [h.step for h in history] == [30, 60] and all(h.valid_ppl > 1 for h in history)
+    out = tmp_path / "curves.png"
+    r = CliRunner().invoke(main, ["analyze", "curves", str(tiny_model), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == PNG

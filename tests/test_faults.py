@@ -185,6 +185,11 @@ def string(model):
     return [CONFIG, "embed"]
 
 
+def unknown_key(model):  # a config.json from another program or version: refused, not half-read
+    edit_config(model, dropout=0.1)
+    return [CONFIG, "unknown keys 'dropout'"]
+
+
 def not_json(model):
     (model / CONFIG).write_text('{"format": "cslm", "model": {', encoding="utf-8")
     return [CONFIG, "invalid JSON"]
@@ -202,8 +207,8 @@ def bad_utf8_vocab(model):
     return [vocab.name, "invalid UTF-8"]
 
 
-DAMAGES = [cut, empty, random_bytes, huge_header, nan_weight, shapes, huge_config, negative, string, not_json,
-           short_vocab, bad_utf8_vocab]
+DAMAGES = [cut, empty, random_bytes, huge_header, nan_weight, shapes, huge_config, negative, string, unknown_key,
+           not_json, short_vocab, bad_utf8_vocab]
 
 
 def commands(tool: str, model: Path, table: Path, text: Path, out: Path) -> dict[str, list]:
@@ -289,6 +294,13 @@ def nan_checkpoint(model):
     return [CHECKPOINT, "NaN or infinite"]
 
 
+def foreign_loop(model):  # the loop's counters in another layout: refused, not merged into this run's
+    state = torch.load(model / CHECKPOINT, weights_only=True)
+    state["loop"]["epoch"] = 3
+    torch.save(state, model / CHECKPOINT)
+    return [CHECKPOINT, "not a training checkpoint", "'epoch'"]
+
+
 def config_shapes(model):  # the checkpoint's weights do not fit config.json
     edit_config(model, hidden=40)
     return [CHECKPOINT, CONFIG, "size mismatch"]
@@ -305,7 +317,7 @@ def config_string(model):
 
 
 @pytest.mark.parametrize("damage", [cut_checkpoint, random_checkpoint, not_a_checkpoint, nan_checkpoint,
-                                    config_shapes, config_huge, config_string, short_vocab],
+                                    foreign_loop, config_shapes, config_huge, config_string, short_vocab],
                          ids=lambda d: d.__name__)
 def test_resume_from_a_damaged_model_dir_is_one_line_and_changes_nothing(damage, tmp_path, tiny_model,
                                                                           example_table):

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from moses_rnn.cli import main
 from moses_rnn.networks.modelio import load_model
 from moses_rnn.training.train import TrainConfig, train
-from mtcommon.modeldir import load_checkpoint
+from mtcommon.trainer import Checkpoint
 
 
 def test_training_lowers_heldout_perplexity(tmp_path, example_table):
@@ -25,10 +25,10 @@ def test_resume_continues_exactly(tmp_path, example_table):
     base = dict(preset="tiny", eval_every=10, valid_pairs=20, device="cpu", seed=7)
     train(str(example_table), str(tmp_path / "full"), TrainConfig(max_steps=40, **base), progress=False)
     train(str(example_table), str(tmp_path / "half"), TrainConfig(max_steps=20, **base), progress=False)
-    assert load_checkpoint(str(tmp_path / "half"))["loop"]["step"] == 20
+    assert Checkpoint.load(str(tmp_path / "half")).loop.step == 20
     train(str(example_table), str(tmp_path / "half"), TrainConfig(max_steps=40, **base), resume=True, progress=False)
-    a = load_checkpoint(str(tmp_path / "full"))["model"]
-    b = load_checkpoint(str(tmp_path / "half"))["model"]
+    a = Checkpoint.load(str(tmp_path / "full")).model
+    b = Checkpoint.load(str(tmp_path / "half")).model
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
 
@@ -82,7 +82,7 @@ def test_resume_is_exact_for_each_recipe(tmp_path, example_table, recipe):
     rest = train(str(example_table), str(tmp_path / "half"), TrainConfig(max_steps=30, **base), resume=True,
                  progress=False, trace=True)
     assert rest["loss_trace"] == pytest.approx(full["loss_trace"][15:], rel=1e-5)
-    a, b = load_checkpoint(str(tmp_path / "full"))["model"], load_checkpoint(str(tmp_path / "half"))["model"]
+    a, b = Checkpoint.load(str(tmp_path / "full")).model, Checkpoint.load(str(tmp_path / "half")).model
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
 

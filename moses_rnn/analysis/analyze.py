@@ -32,6 +32,7 @@ import torch
 
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError, atomic_output
+from mtcommon.trainer import Checkpoint, Evaluation
 
 from ..formats.phrasetable import PhrasePair, read_phrase_table
 
@@ -422,15 +423,13 @@ def phrase_map(loaded, table: str, output: str, phrases: int = 1000, labels: int
     return MapResult(len(chosen), drawn, write_vectors(vectors, chosen, vecs) if vectors else None)
 
 
-def training_history(model_dir: str) -> list[dict]:
-    """Held-out perplexity after each evaluation of a training run (from its checkpoint.pt):
-    dicts with step, train_seconds, examples_seen, valid_ppl. Works for both networks."""
-    from mtcommon.modeldir import load_checkpoint
-
-    return list(load_checkpoint(model_dir)["loop"].get("history", []))
+def training_history(model_dir: str) -> list[Evaluation]:
+    """Held-out perplexity after each evaluation of a training run (from its checkpoint.pt).
+    Works for both networks."""
+    return Checkpoint.load(model_dir).loop.history
 
 
-def training_curves(runs: Sequence[tuple[str, list[dict]]], output: str, title: str = "Held-out perplexity",
+def training_curves(runs: Sequence[tuple[str, list[Evaluation]]], output: str, title: str = "Held-out perplexity",
                     reference: tuple[str, float] | None = None, log_y: bool = True) -> None:
     """Held-out perplexity against training minutes, one line per (label, history) run.
 
@@ -442,7 +441,7 @@ def training_curves(runs: Sequence[tuple[str, list[dict]]], output: str, title: 
     for label, history in runs:
         if not history:
             raise UserError(f"run {label!r} has no held-out evaluation yet")
-        ax.plot([h["train_seconds"] / 60 for h in history], [h["valid_ppl"] for h in history], marker="o",
+        ax.plot([h.train_seconds / 60 for h in history], [h.valid_ppl for h in history], marker="o",
                 markersize=3, label=label)
     if reference is not None:
         ax.axhline(reference[1], color="grey", linestyle="--", label=f"{reference[0]} ({reference[1]:.1f})")

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mtcommon import modeldir
 from mtcommon.errors import UserError
 
 from . import ARCHS
@@ -53,11 +54,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise UserError(f"unknown model config keys: {sorted(unknown)}")
-        return cls(**d)
+        """The config of a config.json: unknown keys refused, missing ones default (`modeldir.from_fields`)."""
+        return modeldir.from_fields(cls, d)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
-from mtcommon.trainer import Trainer, apply_recipe
+from mtcommon.trainer import Schedule, Trainer, apply_recipe
 from mtcommon.vocab import EOS, Vocabulary
 
 from ..formats.phrasetable import read_phrase_table
@@ -270,7 +270,7 @@ class PairObjective(torch.nn.Module):
 class PairTrainer(Trainer):
     unit = "pairs"
 
-    def prepare(self) -> None:
+    def prepare(self) -> Schedule:
         cfg = self.cfg
         vocab = preset_vocab(cfg.preset, cfg.arch)  # checks the preset's name first
         pairs = read_unique_pairs(self.data)
@@ -291,7 +291,7 @@ class PairTrainer(Trainer):
             self.order = BucketedBatches(self.corpus, self.train_idx, cfg.batch_size, cfg.seed)
         else:
             self.order = lambda step: batch_indices(self.train_idx, cfg.batch_size, cfg.seed, step)
-        self.max_steps, self.eval_every, self.patience = cfg.max_steps, cfg.eval_every, None
+        return Schedule(cfg.max_steps, cfg.eval_every)
 
     def big_model(self) -> bool:
         return is_big(self.model_cfg)
