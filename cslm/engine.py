@@ -92,10 +92,6 @@ class KenLMBackoff:
             state, out = out, state
         return self.model.BaseScore(state, word, out) * LN10  # KenLM answers log10
 
-    def sentence_logprob(self, words: Sequence[str]) -> float:
-        """Natural-log probability of a sentence, </s> included."""
-        return self.model.score(" ".join(words), bos=True, eos=True) * LN10
-
     def full_scores(self, words: Sequence[str]) -> list[tuple[float, bool]]:
         """(natural-log prob, is OOV for KenLM) of each word and </s>."""
         return [(lp * LN10, oov) for lp, _, oov in self.model.full_scores(" ".join(words), bos=True, eos=True)]

@@ -147,7 +147,3 @@ class CSLM(nn.Module):
         (ln Z ~ 0) o_w is used as ln P(w | h) directly; the exact value is o_w - ln sum_r exp(o_r), Eq. (2)."""
         w = F.embedding(target, self.out.weight.detach().to(h.dtype))  # (B, H)
         return (w * h).sum(dim=1) + self.out.bias.detach().to(h.dtype)[target]
-
-    def loss(self, context: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Mean negative natural-log likelihood of the targets."""
-        return F.cross_entropy(self(context), target)

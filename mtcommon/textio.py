@@ -6,13 +6,12 @@ constant memory. Writing: `atomic_output` writes to a temporary file in the
 destination's folder and renames it over the destination only when the block
 finishes without an exception, so an interrupted or failed run never leaves a
 partial file and never touches a previous output. A `.gz` destination is
-compressed with ISA-L's multi-threaded gzip writer (see benchmarks/io_gzip.py
-for the measurement that chose it).
+compressed with ISA-L's multi-threaded gzip writer (`benchmarks/bench_rewrite.py`
+times it against `gzip -c`: docs/scoring.md, "The rewrite with a small model").
 
 A gzip input that is cut short (a half-copied file) or corrupt (bad deflate
 data, CRC mismatch) raises `InputError` naming the file and the last line
-read, from every reader here (`iter_lines`, `iter_raw_windows`,
-`iter_line_blocks`), never the
+read, from every reader here (`iter_lines`, `iter_line_blocks`), never the
 decompressor's bare EOFError. Bytes after the gzip data are read as `gzip -d`
 reads them: zeros are padding; anything else that does not start a gzip member
 is trailing garbage, ignored with a one-line warning on stderr (gzip -d's
@@ -29,7 +28,6 @@ import contextlib
 import gzip
 import hashlib
 import io
-import itertools
 import os
 import re
 import socket
@@ -233,21 +231,6 @@ def iter_lines(path: str, keepends: bool = False) -> Iterator[tuple[int, str]]:
             _raise_held_error(f)
     except GZIP_ERRORS as e:  # raised by the decompressor only: a consumer's errors never enter a generator
         raise gzip_error(path, lineno, e) from None
-
-
-def iter_raw_windows(path: str, size: int) -> Iterator[tuple[int, list[bytes]]]:
-    """Yield (number of the first line, up to `size` raw lines, endings kept)."""
-    first = 1
-    try:
-        with contextlib.closing(open_input(path)) as f:
-            while lines := list(itertools.islice(f, size)):
-                if not lines[-1].endswith(b"\n"):
-                    _raise_held_error(f)
-                yield first, lines
-                first += len(lines)
-            _raise_held_error(f)
-    except GZIP_ERRORS as e:  # the lines of the window being read are lost with the stream
-        raise gzip_error(path, first - 1, e) from None
 
 
 BLOCK_BYTES = 1 << 20  # bytes read at a time by `iter_line_blocks`

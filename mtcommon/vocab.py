@@ -58,10 +58,6 @@ class Vocabulary:
     def decode(self, ids: Iterable[int]) -> list[str]:
         return [self.words[i] for i in ids]
 
-    def count_unknown(self, words: Iterable[str]) -> int:
-        index = self.index
-        return sum(1 for w in words if w not in index)
-
     # -- persistence -------------------------------------------------------
     def to_text(self) -> str:
         return "".join(f"{w}\t{c}\n" for w, c in zip(self.words, self.counts))

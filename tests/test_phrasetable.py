@@ -1,10 +1,11 @@
 import gzip
 import math
 
+import numpy as np
 import pytest
 
-from moses_rnn.formats.phrasetable import format_rows, parse_line, read_phrase_table
-from mtcommon.textio import InputError, atomic_output
+from moses_rnn.formats.phrasetable import format_columns, parse_line, parse_window, read_phrase_table, split_lines
+from mtcommon.textio import InputError, atomic_output, iter_line_blocks
 
 
 def write(tmp_path, text, name="t.txt", mode="w"):
@@ -19,18 +20,25 @@ def write(tmp_path, text, name="t.txt", mode="w"):
     return str(p)
 
 
+def appended(line: str, columns: bytes) -> str:
+    """`line` as the table rewrite writes it with `columns` (formatted, leading space) added."""
+    return parse_window(line.encode("utf-8"), "x", 1).with_columns([columns]).decode("utf-8")
+
+
 def test_fields_and_insert_point_on_real_tables(shared_data):
     for rel in ["en-fr-moses/phrase-table.gz", "moses-sample/phrase-table.gz", "moses-sample/phrase-table.0-0.1.1.gz"]:
         path = str(shared_data / rel)
-        for n, pair in enumerate(read_phrase_table(path)):
-            out = pair.with_scores("0.5 2.718282")
+        _, block = next(iter_line_blocks(path, 2000))
+        window = parse_window(block, path, 1)
+        written = split_lines(window.with_columns([b" 0.5 2.718282"] * len(window)))
+        assert len(written) == len(window) > 0
+        for out, pair in zip(written, read_phrase_table(path)):
+            out = out.decode("utf-8")
             head, tail = pair.line[: pair._scores_end], pair.line[pair._scores_end :]
             assert out == head + " 0.5 2.718282" + tail
             parts = out.split(" ||| ")
             assert parts[0] == pair.source and parts[1] == pair.target
             assert parts[2].split()[-2:] == ["0.5", "2.718282"]
-            if n > 2000:
-                break
 
 
 def test_parse_keeps_every_other_byte():
@@ -39,12 +47,10 @@ def test_parse_keeps_every_other_byte():
     assert (pair.source, pair.target) == ("das Haus", "the house")
     assert pair.scores == [0.5, 0.25, 1.0, 0.3]
     assert pair.fields == ["0-0 1-1", "4 3 2", "", ""]
-    assert pair.with_scores("9") == "das Haus ||| the house ||| 0.5 0.25 1 0.3 9 ||| 0-0 1-1 ||| 4 3 2 ||| |||\r\n"
+    assert appended(line, b" 9") == "das Haus ||| the house ||| 0.5 0.25 1 0.3 9 ||| 0-0 1-1 ||| 4 3 2 ||| |||\r\n"
     # three fields, no final newline
-    pair = parse_line("a ||| b ||| 0.5", "x", 1)
-    assert pair.with_scores("1") == "a ||| b ||| 0.5 1"
-    pair = parse_line("a ||| b ||| 0.5\n", "x", 1)
-    assert pair.with_scores("1") == "a ||| b ||| 0.5 1\n"
+    assert appended("a ||| b ||| 0.5", b" 1") == "a ||| b ||| 0.5 1"
+    assert appended("a ||| b ||| 0.5\n", b" 1") == "a ||| b ||| 0.5 1\n"
 
 
 @pytest.mark.parametrize(
@@ -94,11 +100,13 @@ def test_gzip_is_sniffed_not_named(tmp_path):
 def test_columns_round_trip_through_ln_and_floor():
     ks = [0.0, -1.5, -42.0, 3.0, -1e9, -500.0]
     for cols in (1, 2, 3):
-        rows = format_rows([[k] * cols for k in ks])
+        rows = format_columns([[k] * cols for k in ks])
         for k, row in zip(ks, rows):
+            assert row.startswith(b" ")
             values = [math.log(float(v)) for v in row.split()]
             assert len(values) == cols
             assert values == pytest.approx([max(k, -100.0)] * cols, abs=1e-6)
+    assert format_columns(np.zeros((0, 2))) == []
 
 
 def test_atomic_output_keeps_previous_file_on_failure(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from moses_rnn.formats.phrasetable import read_phrase_table
 from mtcommon import textio
-from mtcommon.textio import InputError, atomic_output, iter_lines, iter_raw_windows
+from mtcommon.textio import InputError, atomic_output, iter_line_blocks, iter_lines
 
 LINES = [f"source {i} ||| cible {i} ||| 0.5 0.25\n" for i in range(60000)]
 
@@ -33,7 +33,7 @@ def test_truncated_gzip_names_the_file_and_the_last_line(tmp_path, gz_bytes):
     assert 0 < n < len(LINES) and got == LINES[:n]  # what was read is right, and nothing more
     assert str(e.value) == f"{cut}: truncated gzip stream after line {n}"
     with pytest.raises(InputError, match=r"cut\.gz: truncated gzip stream after line \d+$"):
-        for _ in iter_raw_windows(str(cut), 1000):
+        for _ in iter_line_blocks(str(cut), 1000):
             pass
     with pytest.raises(InputError, match="truncated gzip stream"):
         list(read_phrase_table(str(cut)))

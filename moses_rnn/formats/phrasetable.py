@@ -1,20 +1,20 @@
-"""Moses phrase tables: a validating streaming reader and a column-appending writer.
+"""Moses phrase tables: a validating reader and a column-appending writer.
 
 A Moses text phrase table has one phrase pair per line:
 
     src ||| tgt ||| scores [||| alignment [||| counts [||| sparse [||| properties]]]]
 
-The reader keeps each line whole and remembers where the scores field ends,
-so the writer can append new score columns *inside* field 3 and copy every
-other byte of the line unchanged (line endings and trailing fields included).
-Memory is constant: lines are parsed one at a time from the stream.
-`parse_window` does the same for a block of lines at once (numpy over the
-raw bytes), with the same results and errors; the table rewrite uses it.
+`read_phrase_table` streams validated lines one at a time (constant memory).
+`parse_window` parses a block of lines at once (numpy over the raw bytes),
+with the same results and errors, and remembers where each line's scores
+field ends, so `Window.with_columns` appends new score columns *inside*
+field 3 and copies every other byte unchanged (line endings and trailing
+fields included); the table rewrite uses these.
 
 Moses takes ln() of every phrase-table score when it loads a table and floors
 the result at -100 (`FloorScore` in moses/TypeDef.h). A column meant to
 contribute the value k to the log-linear model must therefore be written as
-e^k; `format_rows` does that, clamping k at -100 so Moses never sees ln(0).
+e^k; `format_columns` does that, clamping k at -100 so Moses never sees ln(0).
 """
 
 from __future__ import annotations
@@ -55,11 +55,6 @@ class PhrasePair:
         if not rest:
             return []
         return [f.strip() for f in rest[len(" |||") :].split(" |||")]
-
-    def with_scores(self, extra: str) -> str:
-        """The line with `extra` (already formatted score columns) appended to field 3."""
-        k = self._scores_end
-        return f"{self.line[:k]} {extra}{self.line[k:]}"
 
     def __repr__(self) -> str:
         return f"PhrasePair({self.lineno}, {self.source!r} -> {self.target!r})"
@@ -128,20 +123,6 @@ def read_phrase_table(path: str) -> Iterator[PhrasePair]:
         if nscores is None:
             nscores = len(pair.scores)
         yield pair
-
-
-def format_rows(values: np.ndarray) -> list[str]:
-    """Log-domain feature values [rows, columns] -> Moses score columns, one string per row.
-
-    Each value k is written as e^k, with k floored at -100 (see the module
-    docstring), with 7 significant digits.
-    """
-    vals = np.exp(np.maximum(np.asarray(values, dtype=np.float64), LOG_FLOOR))
-    if vals.shape[1] == 1:
-        return [f"{v:.7g}" for v in vals[:, 0].tolist()]
-    if vals.shape[1] == 2:  # the scorer's usual pair of columns, without a generator per row
-        return [f"{a:.7g} {b:.7g}" for a, b in zip(vals[:, 0].tolist(), vals[:, 1].tolist())]
-    return [" ".join(f"{v:.7g}" for v in row) for row in vals.tolist()]
 
 
 # -- whole windows of lines at once ---------------------------------------------------------------------------
@@ -341,8 +322,9 @@ def _parse_window_fast(data: bytes, path: str, first_lineno: int, nscores: int) 
 
 
 def format_columns(values: np.ndarray) -> list[bytes]:
-    """`format_rows` for a whole window: each row as bytes with a leading space, ready for
-    `Window.with_columns`. One %-format over all values (the same text as format_rows' f-strings)."""
+    """Log-domain feature values [rows, columns] -> Moses score columns for `Window.with_columns`: each
+    row as bytes with a leading space, each value k written as e^k with k floored at -100 (see the module
+    docstring), 7 significant digits. One %-format over all values."""
     vals = np.exp(np.maximum(np.asarray(values, dtype=np.float64), LOG_FLOOR))
     rows, cols = vals.shape
     if rows == 0:

@@ -45,7 +45,7 @@ from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -232,11 +232,6 @@ class PhraseScorer:
         if unknown:
             cols.append(unk)
         return np.stack(cols, axis=1)
-
-    def unknown_counts(self, pairs: Iterable[tuple[str, str]]) -> np.ndarray:
-        """Words outside the shortlists, source and target together (the paper's word penalty)."""
-        cs, ct = self.src_vocab.count_unknown, self.tgt_vocab.count_unknown
-        return np.array([cs(s.split()) + ct(t.split()) for s, t in pairs], dtype=np.float64)
 
     @torch.inference_mode()
     def _score_keys(self, sources: list[bytes], targets: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
