@@ -1,46 +1,11 @@
 """The batched scoring engine: any number of n-grams in, natural-log probabilities out.
 
 `Engine.score_ids` is the one function the server, `cslm score`, `cslm eval`
-and n-best rescoring all call. For N n-grams it
-
-1. left-pads n-grams shorter than the model's order with `<s>`;
-2. finds the distinct (n-1)-word histories (a decoder asks for many words after
-   the same history);
-3. runs the projection and hidden layers once per distinct history, in chunks
-   of at most `chunk` histories, and the output layer + log-softmax
-   normaliser for each (Eq. (2): ln P(w|h) = o_w - ln sum_r exp(o_r));
-4. gathers, for each n-gram, the one output it asked for.
-
-On the CPU, results do not depend on which other n-grams share the call: every
-chunk is padded to at least `min_rows` rows, because the CPU matrix kernels sum
-in a different order when a chunk has few rows per thread (measured with MKL:
-up to 11 rows differ in the last bits with 2 threads, up to 27 with 16), and the
-server must return bit-identical numbers to an offline run. On a GPU the
-agreement is to within float32 rounding.
-
-Self-normalised scoring (`Engine(..., normalized=False)`, `cslm score
---self-normalized`, `cslm serve --self-normalized`). A model trained with the
-alpha (ln Z)^2 penalty (Devlin et al., 2014; `cslm train --self-norm`) has
-ln Z(h) ~ 0, so a decoder may take the unnormalised activation
-o_w = out.weight[w] . h + out.bias[w] as ln P(w | h) and skip the softmax: one
-output row per n-gram instead of the whole shortlist. The first layer then
-comes from premultiplied per-position word tables (`CSLM.first_layer_tables`,
-built once on first use, float32, (n-1) * V * H1 * 4 bytes: 123 MB for the
-`small` preset, 553 MB for `paper`): h1 = relu(b1 + sum_p T_p[w_p]), one lookup
-and add per history word. This is the arithmetic the decoder's C++ evaluator
-does. The exact, normalised path stays the default everywhere.
-`score_ids_log_z` returns the exact ln P and ln Z(h) together (`cslm eval --log-z`).
-
-Unknown words (outside the shortlist). Mode "unk" (the paper's choice): the
-n-gram is scored as predicting `[UNK]`, i.e. the value is ln P([UNK] | h), the
-probability of the whole class of unknown words, and flag UNKNOWN is set so the
-caller can count them for a word-penalty feature. Mode "backoff" (as in the
-CSLM toolkit): when the predicted word's *string* is known (text requests), an
-unknown word gets ln P(w | h) from a KenLM n-gram model over the same history
-(flags UNKNOWN|BACKOFF). Shortlist words keep their CSLM value; the mixture is
-not renormalised (the shortlist mass and the n-gram mass of the other words
-each approximately fill their share). Words outside the shortlist in the
-*history* enter the CSLM as `[UNK]` in both modes.
+and n-best rescoring all call: distinct histories run through the network
+once, in chunks, and each n-gram gathers the output it asked for (Eq. (2):
+ln P(w|h) = o_w - ln sum_r exp(o_r)). How it keeps results independent of the
+batch, the self-normalised path and the two modes for unknown words:
+docs/cslm.md, "Library", "What the numbers mean" and "Self-normalised scoring".
 """
 
 from __future__ import annotations
@@ -144,7 +109,7 @@ class Engine:
 
     @property
     def tables(self) -> torch.Tensor:
-        """The premultiplied first layer, (n-1, V, H1) float32, built on first use (see the module docstring)."""
+        """The premultiplied first layer, (n-1, V, H1) float32, built on first use (docs/cslm.md, "Self-normalised scoring")."""
         if self._tables is None:
             with torch.no_grad():
                 self._tables = self.model.first_layer_tables(torch.float32)
@@ -208,8 +173,8 @@ class Engine:
         return res
 
     def _padded(self, rows: np.ndarray) -> torch.Tensor:
-        """Histories as a tensor, padded to at least min_rows rows (see the module docstring:
-        results are then batch-independent)."""
+        """Histories as a tensor, padded to at least min_rows rows, so that the CPU kernels sum in the same
+        order whatever the batch (docs/cslm.md, "Library": results are then batch-independent)."""
         if len(rows) < self.min_rows:
             rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - len(rows), axis=0)])
         return torch.from_numpy(rows.astype(np.int64)).to(self.device)

@@ -1,42 +1,13 @@
-"""RNNsearch: the attention model of Bahdanau, Cho and Bengio (2015).
+"""RNNsearch: the attention model of Bahdanau, Cho and Bengio (2015), "Neural
+Machine Translation by Jointly Learning to Align and Translate", behind the
+`modelbase.PhraseModel` interface the encoder-decoder implements too.
 
-"Neural Machine Translation by Jointly Learning to Align and Translate",
-Section 3 and Appendix A. Equation references are to Appendix A:
-
-    encoder   bidirectional GRU; annotation h_j = [h->_j ; h<-_j]     (A.2.1)
-              h_j = (1 - z_j) ∘ h_{j-1} + z_j ∘ h~_j,  h~_j = tanh(W E x_j + U [r_j ∘ h_{j-1}])
-    alignment e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)                (A.1.2)
-              alpha_ij = softmax_j(e_ij);  c_i = sum_j alpha_ij h_j
-    decoder   s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s~_i                  (A.2.2)
-              s~_i = tanh(W E y_{i-1} + U [r_i ∘ s_{i-1}] + C c_i),  s_0 = tanh(W_s h<-_1)
-    output    t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i, maxout t_i,
-              p(y_i | ...) ∝ exp(y_i^T W_o t_i)
-
-Two GRU conventions differ from the encoder-decoder's (model.py): z weighs
-the new state h~ here, the old one in Cho et al.'s Eq. 7; and the decoder's
-reset gate multiplies s_{i-1} before U, where Cho et al.'s decoder applies it
-to [U' h'_{t-1} + C c]. tests/test_rnnsearch.py checks the model against a
-word-by-word transcription of these equations.
-
-It implements `modelbase.PhraseModel`, as the encoder-decoder does, so
-training, table scoring, sampling and beam search run it unchanged; its
-output layer W_o is `modelbase.OutputLayer`, the encoder-decoder's too.
-
-Deviations, all deliberate:
-- As in model.py, every affine map applied to an input carries a bias; the
-  paper omits biases "for readability".
-- Source padding: batches are right-padded. The forward encoder state is
-  frozen on padded positions and the backward one stays at h<-_{T+1} = 0
-  until it reaches the phrase's last real word, so both directions see only
-  the phrase's own words. Padded positions get energy -inf before the softmax,
-  hence alpha_ij = 0 there and a pair's score never depends on its batch.
-- W_o is factored as G_l G_r when `out_rank` < `maxout` (the low-rank output
-  matrix of the encoder-decoder); at `out_rank` >= `maxout` it is the
-  paper's single full matrix.
-- E y_0 = 0 (the paper leaves y_0 unstated), as for the encoder-decoder.
-- Vocabulary sizes follow the encoder-decoder presets (15,000-word
-  shortlists) so both models score the same phrase tables; the paper used
-  30,000 words for whole sentences.
+Comments cite the equation of the paper's Appendix A each line implements
+(A.1.2 alignment model, A.2.1 encoder, A.2.2 decoder). The equations, the GRU
+conventions that differ from the encoder-decoder's, and the deliberate
+deviations (biases, padding, low-rank W_o, E y_0 = 0, shortlists):
+docs/analysis.md, "RNNsearch". tests/test_rnnsearch.py checks the model
+against a word-by-word transcription of the equations.
 """
 
 from __future__ import annotations

@@ -2,35 +2,11 @@
 
 `PhraseScorer.score` turns any list of (source, target) pairs into
 log p(target | source) (natural log; target words plus the end-of-phrase
-symbol). It is fast by construction:
-
-- each distinct source phrase in the list is encoded once (sources bucketed
-  by exact length, so no batch carries padding, under a token budget), and
-  the decoder's per-phrase terms (h'_0, C c, O_c c) are computed once from it;
-- the decoder runs once per distinct (source, target prefix): the targets of
-  a source group form a prefix tree, decoded level by level with every node
-  of a level in a few large batches;
-- the softmax normaliser over the shortlist is computed in place on large
-  blocks of rows;
-- phrases stay UTF-8 bytes from the table to the shortlist lookup, and the
-  grouping, lookups and id matrices are built with C-level passes (dict,
-  map, numpy), not a Python loop per pair.
-
-No computation mixes rows, so a pair's score does not depend on what else is
-in its batch (up to float rounding, far below 1e-4); the same window of lines
-always gives the same bytes.
-
-Precision: float32 by default. `dtype="bf16"` (or "auto" where native)
-scores with a copy of the model whose affine maps hold bfloat16 weights, cast
-once (`bfloat16_copy`): their matrix products take bfloat16 inputs and
-accumulate in float32; the output layer, the softmax normaliser and every
-element-wise recurrence (GRU gates and states) stay float32.
-
-`score_table` streams a table through the scorer in windows of lines,
-scored in this process or by a pool of worker processes, and writes them in
-input order into a temporary file renamed at the end. Under torchrun it
-scores one shard of the table per process and joins the parts (see
-`score_table` and docs/scoring.md).
+symbol); `score_table` streams a table through it in windows of lines, in
+this process and worker processes, into an atomic output. One process:
+`moses_rnn.scoring.shard.score_table` spreads the same work over a torchrun
+job. How the scorer is fast, why a pair's score does not depend on its batch,
+and the bfloat16 path: docs/scoring.md, "How the scorer works".
 """
 
 from __future__ import annotations
@@ -592,9 +568,10 @@ def score_table(
     """Append the model's columns to every line of `table`, writing `output` atomically.
 
     The table is read in windows of `window` lines; each window is parsed,
-    scored and formatted either in this process (`workers` = 1; torch uses
-    its own threads or the GPU) or by a pool of `workers` processes, each
-    loading the model from `scorer.model_dir`. Results are written in input
+    scored and formatted by one of `workers` processes (`WindowPool`): this
+    one (with `workers` = 1 alone; torch uses its own threads or the GPU) and
+    `workers` - 1 pool processes, each loading the model from
+    `scorer.model_dir`. Results are written in input
     order; memory is bounded by a few windows per worker, whatever the size
     of the table. Gzip decompression and compression run in their own threads.
     A phrase of more than `max_words` words is an error naming its line.

@@ -1,41 +1,10 @@
 """Training the RNN Encoder-Decoder on the unique phrase pairs of a Moses table.
 
-Two recipes share the data, the model and the loop (`mtcommon.trainer`):
-
-`--recipe paper` is Section 4.1 / Appendix A.2 of Cho et al. (2014) exactly:
-the training set is the *set* of phrase pairs (corpus frequencies ignored),
-minibatches of 64 pairs drawn at random, Adadelta with eps = 1e-6 and
-rho = 0.95, weights from N(0, 0.01) with orthogonal recurrent matrices, the
-full softmax over the target shortlist, float32, no gradient clipping.
-
-`--recipe fast` (the default) keeps the model, the initialisation and the
-objective's target and changes how it is optimised, to use a CPU's arithmetic:
-
-- minibatches of 128 pairs of equal length: each epoch's random order is cut
-  into chunks of 64 batches, each chunk sorted by (source, target) length, so
-  a batch's pairs share their lengths and no step computes on padding;
-- Adam (learning rate 2e-3) instead of Adadelta, with gradient-norm clipping
-  at 1. Measured on the shared table (small preset, 2 cores, 76 s): 512-pair
-  batches at lr 1e-3 to 3e-3 run faster per pair but make too few updates;
-  128 pairs at lr 2e-3 reached a held-out perplexity of 49, the paper
-  recipe 126 in the same time;
-- the output softmax of each batch runs over a sampled subset of the
-  shortlist (Jean et al., 2015, "On Using Very Large Target Vocabulary for
-  Neural Machine Translation", Sec. 3): the batch's own target words plus
-  words drawn uniformly to fill `sampled_softmax` candidates (2,048 of
-  15,000), with the proposal taken as uniform over that subset so that the
-  correction term cancels. The gradient is an approximation; held-out
-  perplexity and all scoring use the full softmax;
-- bfloat16 autocast (float32 master weights) where the hardware computes in
-  bfloat16 natively (AVX-512 BF16 or AMX CPUs, GPUs).
-
-Every choice can be overridden one by one (`--batch-size`, `--optimizer`,
-`--lr`, `--sampled-softmax 0`, `--no-bucket`, `--dtype fp32`, `--clip`).
-
-Data position is a pure function of (seed, step): epoch e visits the training
-pairs in an order drawn from seed and e, so a resumed run sees exactly the
-batches the killed run would have seen, and under torchrun each rank takes its
-share (rows rank, rank + N, ...) of the same global batch.
+`PairTrainer` fills the hooks of `mtcommon.trainer.Trainer` for phrase pairs;
+`RECIPES` holds the two recipes, `paper` (Cho et al. 2014, Sec. 4.1 and
+Appendix A.2, exactly) and `fast` (the default). What each recipe does and
+why, and how the batch of a step follows from (seed, step): docs/training.md,
+"Two recipes".
 """
 
 from __future__ import annotations
