@@ -2,18 +2,27 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU build of torch keeps set-up small; to use a GPU, install your CUDA
-# build of torch into $(VENV) first (or pass TORCH=), it is then kept.
+# torch: a torch already in $(VENV) is kept (your own CUDA build, say), and
+# $(TORCH) is installed only where there is none; which build pip picks for it
+# depends on its index (README, "Quick start"). `make install TORCH=SPEC` asks
+# for SPEC explicitly: it is installed even over a torch already there.
 TORCH  ?= torch==2.13.0
+ifneq ($(filter command line environment,$(origin TORCH)),)
+# torch alone, replaced (--no-deps); the install of the project below adds any dependency it lacks
+TORCH_STEP = $(BIN)/pip install -q --force-reinstall --no-deps "$(TORCH)"
+TORCH_FORCE = FORCE
+else
+TORCH_STEP = $(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+endif
 EXAMPLE := moses_rnn/data/example.en-fr.phrase-table
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean FORCE
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(TORCH_FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH)"
+	$(TORCH_STEP)
 	$(BIN)/pip install -q -e '.[test,pipeline,kenlm]'
 	touch $@
 
