@@ -23,7 +23,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml $(TORCH_FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(TORCH_STEP)
-	$(BIN)/pip install -q -e '.[test,pipeline,kenlm]'
+	$(BIN)/pip install -q -e '.[test,pipeline,kenlm,analysis]'
 	touch $@
 
 demo: install

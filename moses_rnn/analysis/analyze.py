@@ -250,8 +250,18 @@ def sample_scores(table: str, tm_column: int = 2, rnn_column: int | None = None,
     return np.array(xs), np.array(ys), n
 
 
+def missing_extra(e: ImportError) -> UserError:
+    """The one-line error for a package of the `analysis` extra that is not installed."""
+    package = (e.name or "matplotlib").split(".")[0]
+    return UserError(f"{package} is not installed; the analysis pictures need the `analysis` extra: "
+                     "pip install 'moses-rnn[analysis]'")
+
+
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise missing_extra(e) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -291,7 +301,10 @@ def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int |
 
 def tsne_2d(vectors: np.ndarray, seed: int = 1, perplexity: float = 30.0) -> np.ndarray:
     """2-D t-SNE (scikit-learn, Barnes-Hut) of the rows of `vectors`."""
-    from sklearn.manifold import TSNE
+    try:
+        from sklearn.manifold import TSNE
+    except ImportError as e:
+        raise missing_extra(e) from None
 
     n = len(vectors)
     if n < 3:
