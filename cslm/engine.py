@@ -109,7 +109,8 @@ class Engine:
 
     @property
     def tables(self) -> torch.Tensor:
-        """The premultiplied first layer, (n-1, V, H1) float32, built on first use (docs/cslm.md, "Self-normalised scoring")."""
+        """The premultiplied first layer, (n-1, V, H1) float32, built on first use
+        (docs/cslm.md, "Self-normalised scoring")."""
         if self._tables is None:
             with torch.no_grad():
                 self._tables = self.model.first_layer_tables(torch.float32)
