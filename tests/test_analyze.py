@@ -145,3 +145,60 @@ def test_training_curves_read_the_checkpoint_history(tiny_model, tmp_path):
     r = CliRunner().invoke(main, ["analyze", "curves", str(tiny_model), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:8] == PNG
+
+
+def test_a_label_goes_to_the_first_free_corner_or_nowhere():
+    from moses_rnn.analysis.analyze import place_label
+
+    frame, size = (0, 0, 200, 100), (30, 10)
+    assert place_label((100, 50), size, [], [], frame, gap=4, shift=2) == (102, 52, 132, 62)  # right, above
+    right_above = (102, 52, 132, 62)
+    assert place_label((100, 50), size, [right_above], [], frame, 4, 2) == (68, 52, 98, 62)  # left, above
+    assert place_label((190, 95), size, [], [], frame, 4, 2) == (158, 83, 188, 93)  # at the frame's corner
+    # a neighbour's label just right of the free corner's box, less than the gap away: the next corner
+    assert place_label((100, 50), size, [(134, 52, 160, 62)], [], frame, 4, 2) == (68, 52, 98, 62)
+    # a labelled point may sit right beside a label, not under it
+    assert place_label((100, 50), size, [], [(132.5, 50, 134, 52)], frame, 4, 2) == (102, 52, 132, 62)
+    assert place_label((100, 50), size, [], [(120, 55, 122, 57)], frame, 4, 2) == (68, 52, 98, 62)
+    crowd = [(0, 0, 200, 45), (0, 55, 200, 100)]  # nothing free above or below the point
+    assert place_label((100, 50), size, crowd, [], frame, 4, 2) is None
+
+
+def test_map_labels_never_touch(tmp_path):
+    """Words whose points (nearly) coincide, 'the' and 'a' among them: each drawn label is clear of
+    every other by at least a few pixels, never run together ('thea'), and the two are both labelled."""
+    from moses_rnn.analysis.analyze import labelled_map
+
+    rng = np.random.default_rng(0)
+    points = np.concatenate([[[0.0, 0.0], [0.002, 0.0], [0.004, 0.001]], rng.normal(size=(300, 2))])
+    labels = ["the", "a", "of"] + [f"w{i}" for i in range(300)]
+    drawn = labelled_map(points, labels, str(tmp_path / "map.png"), "map", max_labels=80)
+    assert 40 <= len(drawn) <= 80 and (tmp_path / "map.png").read_bytes()[:8] == PNG
+    boxes = [box for _, box in drawn]
+    assert min(max(b[0] - a[2], a[0] - b[2], b[1] - a[3], a[1] - b[3])
+               for i, a in enumerate(boxes) for b in boxes[:i]) >= 3  # pixels
+    assert [i for i, _ in drawn[:2]] == [0, 1]  # 'the' and 'a' both labelled, at two corners of their point
+
+
+def test_every_picture_has_a_title_axis_names_and_a_key(monkeypatch, scored_table, tmp_path):
+    """Each figure the analysis draws is read on its own: a title, both axes named, and a legend (or,
+    for the alignment's shades of grey, a colour bar with its name)."""
+    from moses_rnn.analysis import align, analyze
+    from moses_rnn.analysis.align import Alignment, draw_alignment
+    from moses_rnn.analysis.analyze import labelled_map
+
+    figures = []
+    for module in (analyze, align):
+        monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig))
+    score_scatter(str(scored_table), str(tmp_path / "s.png"))
+    labelled_map(np.random.default_rng(0).normal(size=(50, 2)), [f"w{i}" for i in range(50)], str(tmp_path / "m.png"),
+                 "word map")
+    draw_alignment(Alignment(["a", "cat"], ["un", "chat", "</s>"], np.full((3, 2), 0.5)), str(tmp_path / "a.png"))
+    assert len(figures) == 3
+    for fig in figures:
+        ax = fig.axes[0]
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    scatter, word_map, alignment = figures
+    assert [t.get_text() for t in scatter.axes[0].get_legend().get_texts()] == ["one phrase pair"]
+    assert len(word_map.axes[0].get_legend().get_texts()) == 2
+    assert len(alignment.axes) == 2 and "alignment weight" in alignment.axes[1].get_ylabel()  # the colour bar

@@ -44,18 +44,25 @@ def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5
     return Alignment(src_words, tgt_words + [EOS], alpha.float().cpu().numpy())
 
 
-def draw_alignment(a: Alignment, output: str) -> None:
-    """The heat map as PNG: source words along the top, target words down the side."""
+def draw_alignment(a: Alignment, output: str, title: str = "RNNsearch soft alignment") -> None:
+    """The heat map as PNG: source words along the top, target words down the side, a colour bar
+    for the weights (white 1, black 0)."""
     plt = _pyplot()
     S, T = len(a.source), len(a.target)
     cell = 0.42
-    fig, ax = plt.subplots(figsize=(max(3.0, 1.6 + cell * S), max(2.5, 1.4 + cell * T)))
-    ax.imshow(a.weights, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+    fig, ax = plt.subplots(figsize=(max(4.2, 3.0 + cell * S), max(3.2, 2.0 + cell * T)))
+    image = ax.imshow(a.weights, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
     ax.set_xticks(range(S))
     ax.set_xticklabels(a.source, rotation=90, fontsize=10)
     ax.set_yticks(range(T))
     ax.set_yticklabels(a.target, fontsize=10)
     ax.xaxis.tick_top()
+    ax.xaxis.set_label_position("top")
     ax.tick_params(length=0)
+    ax.set_xlabel("source words j")
+    ax.set_ylabel("target words i (and </s>)")
+    ax.set_title(title, fontsize=11, pad=10)
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    bar.set_label("alignment weight α_ij (each row sums to 1)")
     save_figure(fig, output)
     plt.close(fig)

@@ -290,6 +290,8 @@ def score_scatter(table: str, output: str, tm_column: int = 2, rnn_column: int |
     drawn = f"{len(x):,} of {n:,} pairs" if len(x) < n else f"{n:,} pairs"
     ax.set_title(f"Phrase-pair scores ({drawn}), Pearson r = {pearson:.2f}", fontsize=10)
     ax.grid(alpha=0.3)
+    ax.legend([ax.scatter([], [], s=12, color="tab:blue")],
+              ["one phrase pair" + (" (a uniform sample)" if len(x) < n else "")], loc="lower left", fontsize=9)
     save_figure(fig, output)
     plt.close(fig)
     return {"pairs": n, "points": len(x), "pearson": pearson}
@@ -325,37 +327,80 @@ def write_vectors(path: str, labels: Sequence[str], vectors: np.ndarray) -> tupl
     return vec_path, lab_path
 
 
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1 in display units (pixels)
+
+# Where a label may go beside its point, in order of preference: right-above, left-above, right-below, left-below.
+LABEL_CORNERS = ((1, 1), (-1, 1), (1, -1), (-1, -1))
+
+
+def _apart(a: Box, b: Box, gap: float) -> bool:
+    """Whether boxes `a` and `b` are at least `gap` apart along x or along y."""
+    return a[0] >= b[2] + gap or b[0] >= a[2] + gap or a[1] >= b[3] + gap or b[1] >= a[3] + gap
+
+
+def place_label(anchor: tuple[float, float], size: tuple[float, float], labels: Sequence[Box], dots: Sequence[Box],
+                frame: Box, gap: float, shift: float) -> Box | None:
+    """The box of a label of `size` (width, height) beside the point at `anchor`: the first corner of
+    LABEL_CORNERS, `shift` away from the point, whose box lies inside `frame`, `gap` away from every
+    label already drawn and clear of every labelled point (`dots`); None when no corner is free."""
+    (x, y), (w, h) = anchor, size
+    for sx, sy in LABEL_CORNERS:
+        x0 = x + shift if sx > 0 else x - shift - w
+        y0 = y + shift if sy > 0 else y - shift - h
+        box = (x0, y0, x0 + w, y0 + h)
+        inside = frame[0] <= x0 and box[2] <= frame[2] and frame[1] <= y0 and box[3] <= frame[3]
+        if inside and all(_apart(box, t, gap) for t in labels) and all(_apart(box, d, 0) for d in dots):
+            return box
+    return None
+
+
 def labelled_map(points: np.ndarray, labels: Sequence[str], output: str, title: str,
-                 max_labels: int = 150, fontsize: float = 7.0, figsize=(11, 9)) -> int:
-    """Scatter `points` and label them in order of `labels` (most important first),
-    skipping any label that would overlap one already placed. Returns labels drawn."""
+                 max_labels: int = 150, fontsize: float = 7.0, figsize=(11, 9),
+                 what: str = "words") -> list[tuple[int, Box]]:
+    """Scatter `points` (a t-SNE map) and label them in order of `labels` (most important first):
+    each label at the first free corner beside its point (`place_label`), at least half a font size
+    from every label and labelled point already drawn, or not at all. Returns (index, box) of each
+    label drawn, its box as measured on the figure (display units)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=figsize)
     ax.scatter(points[:, 0], points[:, 1], s=6, color="0.6", edgecolors="none")
     ax.set_title(title, fontsize=11)
     ax.set_xticks([])
     ax.set_yticks([])
+    ax.set_xlabel("t-SNE dimension 1")
+    ax.set_ylabel("t-SNE dimension 2")
     pad = 0.03 * (points.max(0) - points.min(0) + 1e-9)
     ax.set_xlim(points[:, 0].min() - pad[0], points[:, 0].max() + pad[0])
     ax.set_ylim(points[:, 1].min() - pad[1], points[:, 1].max() + pad[1])
     renderer = fig.canvas.get_renderer()
-    frame = ax.get_window_extent(renderer)
-    placed = []
-    for i, label in enumerate(labels):
-        if len(placed) >= max_labels:
+    frame = tuple(ax.get_window_extent(renderer).extents)
+    px = fig.dpi / 72  # display units per point
+    gap, shift, dot = 0.5 * fontsize * px, 2 * px, 1.5 * px
+    taken: list[Box] = []  # the labels drawn
+    dots: list[Box] = []  # their points
+    drawn: list[tuple[int, Box]] = []
+    for i, label in enumerate(labels[: len(points)]):
+        if len(drawn) >= max_labels:
             break
         # Moses-escaped tokens (&apos; &quot; &#124; ...) are shown unescaped
-        text = ax.annotate(html.unescape(label), points[i], fontsize=fontsize, xytext=(2, 2), textcoords="offset points")
-        box = text.get_window_extent(renderer).expanded(1.05, 1.15)
-        inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-        if not inside or any(box.overlaps(b) for b in placed):
+        text = ax.text(0, 0, html.unescape(label), fontsize=fontsize, ha="left", va="bottom")
+        extent = text.get_window_extent(renderer)
+        x, y = ax.transData.transform(points[i])
+        box = place_label((x, y), (extent.width, extent.height), taken, dots, frame, gap, shift)
+        if box is None:
             text.remove()
             continue
-        placed.append(box)
+        text.set_position(ax.transData.inverted().transform((box[0], box[1])))
+        drawn.append((i, tuple(text.get_window_extent(renderer).extents)))
+        taken.append(box)
+        dots.append((x - dot, y - dot, x + dot, y + dot))
         ax.scatter(points[i, 0], points[i, 1], s=8, color="tab:red", edgecolors="none")
+    handles = [ax.scatter([], [], s=12, color="tab:red"), ax.scatter([], [], s=12, color="0.6")]
+    ax.legend(handles, [f"{what}, labelled (most frequent first, where a label fits)", f"other {what}"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.04), ncol=2, frameon=False, fontsize=9)
     save_figure(fig, output)
     plt.close(fig)
-    return len(placed)
+    return drawn
 
 
 @dataclass
@@ -380,8 +425,8 @@ def embedding_map(loaded, output: str, words: int = 1000, labels: int = 150, sid
     emb = table.weight.detach()[ids].float().cpu().numpy()
     points = tsne_2d(emb, seed)
     drawn = labelled_map(points, names, output, f"{side.capitalize()} word embeddings (t-SNE, {len(ids)} "
-                         f"most frequent words)", labels)
-    return MapResult(len(ids), drawn, write_vectors(vectors, names, emb) if vectors else None)
+                         f"most frequent words)", labels, what="words")
+    return MapResult(len(ids), len(drawn), write_vectors(vectors, names, emb) if vectors else None)
 
 
 def long_sources(table: str, min_words: int = 4, limit: int = 1000) -> list[str]:
@@ -432,8 +477,8 @@ def phrase_map(loaded, table: str, output: str, phrases: int = 1000, labels: int
     vecs = phrase_vectors(loaded, chosen)
     points = tsne_2d(vecs, seed)
     drawn = labelled_map(points, chosen, output, f"Phrase representations (t-SNE, {len(chosen)} source phrases "
-                         f"of {min_words}+ words)", labels, fontsize=6.5)
-    return MapResult(len(chosen), drawn, write_vectors(vectors, chosen, vecs) if vectors else None)
+                         f"of {min_words}+ words)", labels, fontsize=6.5, what="phrases")
+    return MapResult(len(chosen), len(drawn), write_vectors(vectors, chosen, vecs) if vectors else None)
 
 
 def training_history(model_dir: str) -> list[Evaluation]:
