@@ -20,7 +20,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtcommon import modeldir
 from mtcommon.errors import UserError
 
 
@@ -54,11 +53,6 @@ class CSLMConfig:
         d = asdict(self)
         d["hidden"] = list(self.hidden)
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "CSLMConfig":
-        """The config of a config.json: unknown keys refused, missing ones default (`modeldir.from_fields`)."""
-        return modeldir.from_fields(cls, d)
 
 
 def _is_int(value) -> bool:

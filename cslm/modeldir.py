@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -44,7 +45,7 @@ def save_weights(model_dir: str, model: CSLM, meta: dict | None = None) -> None:
 
 
 def read_config(model_dir: str) -> tuple[CSLMConfig, dict]:
-    return modeldir.read_config(model_dir, FORMAT, CSLMConfig.from_dict)
+    return modeldir.read_config(model_dir, FORMAT, partial(modeldir.from_fields, CSLMConfig))
 
 
 def load_vocab(model_dir: str, size: int | None = None) -> Vocabulary:

@@ -116,8 +116,8 @@ def save(model_dir: str, model: torch.nn.Module, fmt: str, config: dict, meta: d
 def read_config(model_dir: str, fmt: str, parse: Callable[[dict], T]) -> tuple[T, dict]:
     """(`parse` of the model's config dict, the training metadata) of a `fmt` model directory.
 
-    `parse` (a config class's from_dict) raises UserError for an invalid config; every
-    problem becomes a ModelError naming config.json.
+    `parse` (`partial(from_fields, ConfigClass)`: the one rule for a config's keys) raises
+    UserError for an invalid config; every problem becomes a ModelError naming config.json.
     """
     path = os.path.join(model_dir, CONFIG)
     if not os.path.exists(path):

@@ -21,7 +21,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtcommon import modeldir
 from mtcommon.errors import UserError
 
 from . import ARCHS
@@ -51,11 +50,6 @@ class ModelConfig:
                 raise UserError(f"`{f.name}` must be an integer of at least {least}, not {value!r}")
         if self.arch != "rnnsearch" and self.align:
             raise UserError(f"`align` sizes the RNNsearch alignment model; an {self.arch!r} config must leave it 0")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        """The config of a config.json: unknown keys refused, missing ones default (`modeldir.from_fields`)."""
-        return modeldir.from_fields(cls, d)
 
     def to_dict(self) -> dict:
         return asdict(self)

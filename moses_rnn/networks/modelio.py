@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -59,7 +60,7 @@ def save_model(model_dir: str, model: torch.nn.Module, meta: dict | None = None)
 
 
 def read_config(model_dir: str) -> tuple[ModelConfig, dict]:
-    return modeldir.read_config(model_dir, FORMAT, ModelConfig.from_dict)
+    return modeldir.read_config(model_dir, FORMAT, partial(modeldir.from_fields, ModelConfig))
 
 
 def load_vocabularies(model_dir: str, cfg: ModelConfig) -> tuple[Vocabulary, Vocabulary]:
