@@ -449,19 +449,28 @@ def table_path(args) -> None:
 
 def positive(args) -> None:
     """Print the names mert's -P option takes (`NAME_0,NAME_1,...`, as in its feature files) for every
-    score of each named feature of a moses.ini: mert then keeps their weights above 0. A feature with
-    untuneable scores is refused (mert numbers only the tuneable ones)."""
+    tuned score of each named feature of a moses.ini: mert then keeps their weights above 0.
+
+    mert numbers only a feature's tuneable scores, consecutively (a phrase table whose last column
+    is fixed by tuneable-components=true,...,false has names _0 to _4 for its first five). A feature
+    with no tuned score (tuneable=false) is refused."""
     from moses_rnn.formats.mosesini import MosesIni
 
     ini = MosesIni.read(args.ini)
     names = []
     for name in args.features:
         feature = ini.feature(name)
-        if feature.get("tuneable-components") is not None or feature.get("tuneable") == "false":
-            raise ValueError(f"{args.ini}: {name} has untuneable scores; name only fully tuned features")
+        if feature.get("tuneable") == "false":
+            raise ValueError(f"{args.ini}: {name} is not tuned (tuneable=false)")
         count = feature.num_scores()
         if not count:
             raise ValueError(f"{args.ini}: cannot tell how many scores {name} has (no num-features=)")
+        components = feature.get("tuneable-components")
+        if components is not None:  # Moses's booleans (Scan<bool>): true/yes/1, false/no/0
+            flags = [c.strip().lower() for c in components.split(",")]
+            if len(flags) != count or any(f not in ("true", "yes", "1", "false", "no", "0") for f in flags):
+                raise ValueError(f"{args.ini}: {name}'s tuneable-components={components} is not {count} booleans")
+            count = sum(f in ("true", "yes", "1") for f in flags)
         names += [f"{name}_{i}" for i in range(count)]
     print(",".join(names))
 

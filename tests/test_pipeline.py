@@ -387,12 +387,19 @@ def test_reweight_puts_the_tuned_weights_into_the_filtered_model(tmp_path):
 def test_positive_names_every_score_of_each_feature(tmp_path):
     ini = tmp_path / "moses.ini"
     ini.write_text("[feature]\nLexicalReordering name=LexicalReordering0 num-features=6 path=r\nDistortion\n"
-                   "PhraseDictionaryMemory name=TranslationModel0 num-features=6 tuneable-components=1,2,3,4,5 path=p\n"
+                   "PhraseDictionaryMemory name=TranslationModel0 num-features=6 tuneable-components=true,true,true,true,true,false path=p\n"
+                   "PhraseDictionaryMemory name=TranslationModel1 num-features=2 tuneable-components=1,2 path=p\n"
+                   "KENLM name=LM0 path=lm order=5 tuneable=false\n"
                    "[weight]\nLexicalReordering0= 0.3 0.3 0.3 0.3 0.3 0.3\nDistortion0= 0.3\n")
     r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "positive", str(ini), "LexicalReordering0", "Distortion0"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == ",".join([f"LexicalReordering0_{i}" for i in range(6)] + ["Distortion0_0"]) + "\n"
-    for name, message in (("LM0", "no feature named 'LM0'"), ("TranslationModel0", "has untuneable scores")):
+    # a phrase table with the RNN's fixed unknown-word column: mert names its five tuned scores _0.._4
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "positive", str(ini), "TranslationModel0"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == ",".join(f"TranslationModel0_{i}" for i in range(5)) + "\n"
+    for name, message in (("LM1", "no feature named 'LM1'"), ("LM0", "is not tuned"),
+                          ("TranslationModel1", "is not 2 booleans")):
         r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "positive", str(ini), name], capture_output=True, text=True)
         assert r.returncode == 1 and r.stdout == "" and message in r.stderr and len(r.stderr.splitlines()) == 1
 
