@@ -26,7 +26,7 @@ import torch
 from common import emit, gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.formats.phrasetable import read_phrase_table
 from moses_rnn.scoring.score import PhraseScorer
-from mtcommon.runtime import configure_threads, cpu_has_bf16, resolve_device
+from mtcommon.runtime import configure_threads, native_bf16, resolve_device
 
 
 def matmul_rate(device: torch.device, n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
@@ -54,7 +54,7 @@ def main():
     table = table_slice(200_000, tmp)
     model_dir = untrained_model_dir(args.preset, table, tmp)
     scorers = {"fp32": PhraseScorer.from_dir(model_dir, device=str(device))}
-    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
+    native = native_bf16(device)
     if native and not args.no_bf16:
         scorers["bf16"] = PhraseScorer.from_dir(model_dir, device=str(device), dtype="bf16")
     scorer = scorers["fp32"]

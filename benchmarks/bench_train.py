@@ -181,6 +181,7 @@ def main() -> None:
                 th = threads or cores
                 row = {"net": net, "preset": preset, "load": load, "threads": threads or "auto",
                        "rate": round(r["rate"], 1), "unit": "pairs/s" if net == "rnn" else "ngrams/s",
+                       "dtype": r["overall"]["dtype"],  # what --dtype auto chose
                        "gflops": round(r["rate"] * flops / 1e9, 1),
                        "fraction_of_fp32": round(r["rate"] * flops / 1e9 / report["gemm_gflops"][f"fp32_{th}t"], 3)}
                 if cpu_has_bf16():

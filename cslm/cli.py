@@ -66,10 +66,11 @@ def main():
               help="Share of sentences held out.")
 @click.option("--epoch-ngrams", type=click.IntRange(min=1), help="N-grams per epoch [one pass over the corpus].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
-              help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, bfloat16 where native (see README).")
+              help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, --dtype auto (see README).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="N-grams per update [fast 1024, paper 256].")
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
-              help="auto: bfloat16 autocast where the hardware has it [fast auto, paper fp32].")
+              help="auto: on a CPU with native bfloat16, the faster of bfloat16 autocast and float32 on the run's "
+                   "first batch; on a GPU, bfloat16 where native [fast auto, paper fp32].")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "sgd"]))
 @click.option("--lr", type=Number(min=0), help="Learning rate [adam 1e-3, sgd 0.05].")
 @click.option("--self-norm", type=Number(min=0), default=0.0, show_default=True,

@@ -8,9 +8,10 @@ Deviations: the paper does not name its optimiser; we use Adam (lr 1e-3),
 which reaches a given perplexity in far fewer updates than the plain SGD of
 the CSLM toolkit (`--optimizer sgd` is available). Two recipes: `paper`
 (minibatches of 256 n-grams, float32) and `fast`, the default (minibatches of
-1,024 n-grams, bfloat16 autocast with float32 master weights where the
-hardware computes in bfloat16 natively): larger matrix products run nearer
-the machine's arithmetic rate, at the same objective.
+1,024 n-grams, `--dtype auto`: bfloat16 autocast with float32 master weights
+where the hardware computes in bfloat16 natively and, on a CPU, that is the
+faster on the run's first batch): larger matrix products run nearer the
+machine's arithmetic rate, at the same objective.
 
 Self-normalisation (Devlin et al., 2014, Sec. 2.1): `self_norm` = alpha adds
 alpha * (log Z(h))^2 to each n-gram's loss, Z(h) the softmax normaliser of its
@@ -51,7 +52,7 @@ class TrainConfig:
     recipe: str = "fast"  # "paper" or "fast"; fields left None take the recipe's value
     vocab_size: int | None = None  # shortlist size; default: the preset's
     batch_size: int | None = None
-    dtype: str | None = None  # "auto" (bf16 where native), "bf16" or "fp32"
+    dtype: str | None = None  # "auto" (the faster where both run, runtime.probe_dtype), "bf16" or "fp32"
     optimizer: str = "adam"
     lr: float | None = None  # default: 1e-3 (adam), 0.05 (sgd)
     self_norm: float = 0.0  # alpha of the (log Z)^2 penalty (Devlin et al. 2014); 0: none

@@ -35,7 +35,7 @@ def main():
 @click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: Cho et al.'s training exactly (64 pairs, Adadelta, full softmax, float32). fast: 128 "
-                   "equal-length pairs, Adam, sampled softmax, bfloat16 where native (see README).")
+                   "equal-length pairs, Adam, sampled softmax, --dtype auto (see README).")
 @click.option("--max-steps", type=click.IntRange(min=0), default=20000, show_default=True,
               help="Stop after this many updates.")
 @click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time.")
@@ -46,7 +46,8 @@ def main():
               help="Softmax candidates per batch during training, 0 for the full shortlist [fast 2048, paper 0].")
 @click.option("--bucket/--no-bucket", default=None, help="Batches of equal-length pairs [fast: on, paper: off].")
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
-              help="auto: bfloat16 autocast where the hardware has it [fast auto, paper fp32].")
+              help="auto: on a CPU with native bfloat16, the faster of bfloat16 autocast and float32 on the run's "
+                   "first batch; on a GPU, bfloat16 where native [fast auto, paper fp32].")
 @click.option("--valid-pairs", type=click.IntRange(min=0), default=1000, show_default=True,
               help="Held-out pairs for perplexity.")
 @click.option("--eval-every", type=click.IntRange(min=1), default=500, show_default=True,
@@ -89,7 +90,8 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
               help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "auto"]),
               help="fp32: exact. bf16: bfloat16 matrix products (GPUs, CPUs with AVX-512 BF16 or AMX; an error "
-                   "elsewhere), log p within a few hundredths, see docs/scoring.md. auto: bf16 where native.")
+                   "elsewhere), log p within a few hundredths, see docs/scoring.md. auto: on a CPU with native "
+                   "bfloat16, the faster of the two on the table's first pairs; on a GPU, bf16 where native.")
 @click.option("--threads", type=THREADS, help="CPU threads [all cores, shared by torchrun's local processes; "
                                           "1 for models smaller than `small`].")
 @click.option("--workers", type=click.IntRange(min=1),

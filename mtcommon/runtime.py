@@ -11,9 +11,11 @@ engine and server, the benchmarks):
   process that takes a core (a Moses build, MERT) makes training fall back to
   fewer threads instead of waiting on a descheduled one (more threads never
   slower than fewer).
-- `amp_dtype` chooses mixed precision: bfloat16 autocast on GPUs and on CPUs
-  with native bfloat16 arithmetic (AVX-512 BF16 or AMX), with float32 master
-  weights; float32 elsewhere.
+- `amp_dtype` checks and resolves `--dtype` (bfloat16 autocast with float32
+  master weights, or float32); `probe_dtype` settles `--dtype auto`: on a CPU
+  with native bfloat16 arithmetic (AVX-512 BF16 or AMX) by timing the
+  caller's own work in each dtype and keeping the faster, on a GPU bfloat16
+  where native, elsewhere float32.
 - `Distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and
   starts the process group: gloo on CPU, NCCL on GPU.
 - `exit_with_parent` makes a helper process (a scoring worker) die with the
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import signal
 import statistics
@@ -31,6 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -125,25 +129,95 @@ def cpu_has_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes in bfloat16 natively: a GPU of compute capability 8.0 or later, a CPU
+    with AVX-512 BF16 or AMX (`cpu_has_bf16`)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0] >= 8
+    return cpu_has_bf16()
+
+
 def amp_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype | None:
     """The autocast dtype for `dtype` ('auto', 'bf16', 'fp32') on `device`; None means float32.
 
-    'auto' is bfloat16 where the hardware has it natively (GPUs of compute
-    capability 8.0 and up, CPUs with AVX-512 BF16 or AMX), else float32.
+    'bf16' where the hardware has no native bfloat16 (`native_bf16`) is a
+    UserError. 'auto' here is the rule without timing, bfloat16 where native,
+    else float32: what `probe_dtype` keeps on GPUs and refines on CPUs.
     """
     if dtype == "fp32":
         return None
-    if device.type == "cuda":
-        native = torch.cuda.is_bf16_supported()
-    else:
-        native = cpu_has_bf16()
+    native = native_bf16(device)
     if dtype == "bf16":
-        if device.type == "cpu" and not native:
-            raise UserError("--dtype bf16 asked for, but this CPU has no native bfloat16 (AVX-512 BF16 or AMX)")
+        if not native:
+            raise UserError("--dtype bf16 asked for, but this CPU has no native bfloat16 (AVX-512 BF16 or AMX)"
+                            if device.type == "cpu" else
+                            "--dtype bf16 asked for, but this GPU has no native bfloat16 (compute capability 8.0 "
+                            "or later)")
         return torch.bfloat16
     if dtype != "auto":
         raise ValueError(f"unknown dtype {dtype!r}; choose auto, bf16 or fp32")
     return torch.bfloat16 if native else None
+
+
+def dtype_name(amp: torch.dtype | None) -> str:
+    """'bf16' or 'fp32': the `--dtype` value that gives the autocast dtype `amp` (None: float32)."""
+    return "bf16" if amp == torch.bfloat16 else "fp32"
+
+
+def probe_dtype(device: torch.device, dtype: str, step: Callable[[torch.dtype | None], object], *,
+                what: str = "a step", quiet: bool = False, combine: Callable[[list[float]], list[float]] | None = None,
+                repeats: int = 5, budget: float = 2.0, clock: Callable[[], float] = time.perf_counter
+                ) -> torch.dtype | None:
+    """The autocast dtype to run with (None: float32), settling 'auto' by timing the caller's own work.
+
+    `step(amp)` does one representative piece of the run's work (a training
+    step's forward and backward pass, the scoring of a block of pairs) under
+    autocast dtype `amp` and must leave no trace in the run (no weight
+    update, no random numbers drawn). 'fp32' and 'bf16' are `amp_dtype`'s,
+    untimed. 'auto' on a CPU with native bfloat16: `step` is called once per
+    dtype to warm up (oneDNN builds its kernels, the bfloat16 copies are
+    made), then in interleaved rounds, up to `repeats` of them while the
+    rounds fit in `budget` seconds (always at least one), and the dtype with
+    the lower median time is kept, float32 on a tie. On a CPU without native
+    bfloat16 'auto' is float32, untimed: emulated bfloat16 arithmetic is
+    several times slower. Under torchrun, `combine` sums the two medians over
+    the processes (every process calls it, a process without native
+    bfloat16 with float32 infinitely faster), so all of them choose alike.
+    Unless `quiet`, the choice and both times go to stderr in one line.
+    """
+    # a GPU keeps the rule without timing: its kernels run asynchronously, so a short host-side timing
+    # measures launch queues rather than arithmetic, and a GPU with native bfloat16 does its matrix
+    # products at twice the float32 rate or more
+    if dtype != "auto" or device.type != "cpu":
+        return amp_dtype(device, dtype)
+    candidates = (None, torch.bfloat16)
+    native = cpu_has_bf16()
+    if native:
+        times: dict = {amp: [] for amp in candidates}
+        start = clock()
+        for amp in candidates:  # warm-up, untimed
+            step(amp)
+        for round_ in range(repeats):
+            began = clock()
+            for amp in candidates if round_ % 2 == 0 else candidates[::-1]:  # alternate who goes first
+                t = clock()
+                step(amp)
+                times[amp].append(clock() - t)
+            now = clock()
+            if now - start + (now - began) > budget:  # another round would overrun the budget
+                break
+        medians = [statistics.median(times[amp]) for amp in candidates]
+    else:
+        medians = [0.0, math.inf]
+    if combine is not None:
+        medians = combine(medians)
+    chosen = candidates[medians.index(min(medians))]  # the first, float32, on a tie
+    if native and not quiet:
+        print(f"--dtype auto: {dtype_name(chosen)}, the faster here ({what}: "
+              + ", ".join(f"{dtype_name(amp)} {1e3 * statistics.median(times[amp]):.1f} ms" for amp in candidates)
+              + f", medians of {len(times[None])}{'; chosen over all processes' if combine else ''})",
+              file=sys.stderr, flush=True)
+    return chosen
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

@@ -6,7 +6,8 @@ objective, held-out measure and model directory; everything else is here,
 written once:
 
 - run-time set-up (`mtcommon.runtime`): device, CPU threads (tuned online
-  unless fixed), bfloat16 autocast with float32 master weights, and
+  unless fixed), bfloat16 autocast with float32 master weights (`--dtype
+  auto`: the faster of the two on this run's first batch, `_choose_dtype`), and
   data-parallel training under torchrun (DistributedDataParallel, gloo on CPU,
   NCCL on GPU; each rank takes its share of every global batch);
 - exact resume: the model, the optimiser and the loop's counters go into
@@ -36,10 +37,12 @@ from tqdm import tqdm
 
 from . import modeldir
 from .errors import UserError
-from .runtime import Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, choose_threads, resolve_device
+from .runtime import (Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, choose_threads, dtype_name,
+                      probe_dtype, resolve_device)
 
 # Fields of a training config that a resumed run takes from the command line
 # rather than from the checkpoint: they say how long and where to run, not what.
+# `dtype` too, when given as bf16 or fp32; 'auto' keeps the checkpoint's (`Trainer.__init__`).
 RUN_CONTROL = ("max_steps", "max_minutes", "max_epochs", "device", "threads", "dtype")
 
 
@@ -152,14 +155,26 @@ class Trainer(ABC):
             except ValueError as e:  # unknown fields, an unknown recipe
                 raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
                                           f"its train_config does not fit this version ({e})") from None
+            kept = getattr(saved, "dtype", None)  # the dtype the run chose (stored resolved: bf16 or fp32)
             for name in RUN_CONTROL:
                 if hasattr(cfg, name):
                     setattr(saved, name, getattr(cfg, name))
+            if getattr(cfg, "dtype", None) == "auto" and kept is not None:
+                # not probed again: the probe might choose the other dtype, and the run would not go on
+                # as the interrupted one would have (a checkpoint written before the choice was stored
+                # holds 'auto', and is probed again)
+                saved.dtype = kept
             cfg = saved
         self.cfg = cfg
         self.resumed = resume
         self.device = self.dist.start(resolve_device(cfg.device))
-        self.amp = amp_dtype(self.device, getattr(cfg, "dtype", "fp32"))
+        try:  # a dtype this device cannot do stops the run here, before the data is read
+            amp_dtype(self.device, getattr(cfg, "dtype", "fp32"))
+        except UserError as e:
+            if resume:
+                raise UserError(f"{e}; the run in {model_dir} computes in {cfg.dtype}: resume it with --dtype fp32 "
+                                f"to go on in float32") from None
+            raise
         if self.dist.is_main:
             os.makedirs(model_dir, exist_ok=True)
 
@@ -218,6 +233,33 @@ class Trainer(ABC):
         nll, tokens = self.dist.all_sum([nll, tokens], self.device)
         return math.exp(nll / max(tokens, 1))
 
+    def _backward(self, objective, optimizer: torch.optim.Optimizer, args: tuple, rows: int,
+                  amp: torch.dtype | None) -> torch.Tensor:
+        """The global batch's mean loss over this rank's `args` under autocast dtype `amp` (None: float32),
+        its gradients in the parameters (those of an earlier call dropped)."""
+        with autocast(self.device, amp):
+            total = objective(*args)
+        loss = total * (self.dist.world / rows)  # the global batch's mean loss, once DDP averages
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss
+
+    def _choose_dtype(self, objective, optimizer: torch.optim.Optimizer, first_batch) -> torch.dtype | None:
+        """The run's autocast dtype (`runtime.probe_dtype`), and `cfg.dtype` set to its name, which
+        checkpoint.pt keeps for a resumed run. For 'auto' on a CPU with native bfloat16 the probe times
+        forward and backward passes of `objective` (not DDP's: no collective) over `first_batch()`, the run's
+        first batch, with no optimiser step and the gradients dropped after, so the run is the one the
+        chosen dtype given explicitly makes."""
+        dist = self.dist
+        combine = (lambda medians: dist.all_sum(medians, self.device)) if dist.enabled else None
+        amp = probe_dtype(self.device, getattr(self.cfg, "dtype", "fp32"),
+                          lambda amp: self._backward(objective, optimizer, *first_batch(), amp),
+                          what="a training step", quiet=not (self.progress and dist.is_main), combine=combine)
+        optimizer.zero_grad(set_to_none=True)
+        if hasattr(self.cfg, "dtype"):
+            self.cfg.dtype = dtype_name(amp)
+        return amp
+
     def run(self) -> dict:
         """Train to the end (steps, minutes or patience), leave the process group, return the summary."""
         try:
@@ -242,6 +284,14 @@ class Trainer(ABC):
             optimizer.load_state_dict(self.checkpoint.optimizer)
             loop = self.checkpoint.loop
         objective = self.build_objective(model)
+        first: dict = {}  # the batch of the run's first step, fetched once for the dtype probe and that step
+
+        def first_batch() -> tuple[tuple, int]:
+            if loop.step not in first:
+                first[loop.step] = self.batch(loop.step)
+            return first[loop.step]
+
+        self.amp = self._choose_dtype(objective, optimizer, first_batch)
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -285,12 +335,8 @@ class Trainer(ABC):
             tuner.before_step(step)
             t0 = time.perf_counter()
             with watch:
-                args, rows = self.batch(step)
-                with autocast(self.device, self.amp):
-                    total = objective(*args)
-                loss = total * (dist.world / rows)  # the global batch's mean loss, once DDP averages
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                args, rows = first.pop(step) if step in first else self.batch(step)
+                loss = self._backward(objective, optimizer, args, rows, self.amp)
                 if clip:
                     torch.nn.utils.clip_grad_norm_(params, clip)
                 optimizer.step()
@@ -331,7 +377,7 @@ class Trainer(ABC):
             "best_valid_ppl": loop.best_valid_ppl,
             "valid_ppl_history": [asdict(e) for e in loop.history],
             "parameters": modeldir.parameter_count(model),
-            "dtype": "bf16" if self.amp == torch.bfloat16 else "fp32",
+            "dtype": dtype_name(self.amp),
             "threads": torch.get_num_threads() if self.device.type == "cpu" else None,
             "processes": dist.world,
             "rank": dist.rank,

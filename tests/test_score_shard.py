@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 
@@ -48,6 +49,21 @@ def test_two_processes_write_the_single_process_bytes(tmp_path, example_table, t
     assert "2 torchrun processes" in p.stderr
     assert sharded.read_bytes() == single.read_bytes()
     assert sorted(x.name for x in tmp_path.iterdir()) == sorted([table.name, single.name, sharded.name])
+
+
+def test_dtype_auto_is_chosen_alike_by_every_process(tmp_path, example_table, tiny_model):
+    """`--dtype auto` under torchrun: the processes add up their probes' times (or, without native bfloat16,
+    take float32 untimed) and so choose one dtype, and the output is the single-process bytes of that dtype."""
+    table = big_table(example_table, tmp_path)
+    opts = ["-m", tiny_model, "--window", 256, "--device", "cpu"]
+    p = torchrun(table, "-o", tmp_path / "auto.gz", *opts, "--dtype", "auto", "--quiet")
+    assert p.returncode == 0, p.stderr[-3000:]
+    chosen = re.search(r"on cpu, (bf16|fp32) \(2 torchrun processes", p.stderr).group(1)
+    single = tmp_path / "single.gz"
+    r = CliRunner().invoke(main, ["score", str(table), "-o", str(single), *map(str, opts), "--dtype", chosen,
+                                  "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "auto.gz").read_bytes() == single.read_bytes()
 
 
 def test_a_bad_line_in_the_second_shard_fails_the_whole_run(tmp_path, example_table, tiny_model):

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from mtcommon.errors import UserError
 from mtcommon.modeldir import ModelError
-from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, exit_with_parent, is_big,
-                              resolve_device)
+from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, dtype_name,
+                              exit_with_parent, is_big, probe_dtype, resolve_device)
 from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
 from mtcommon.vocab import EOS
 
@@ -102,23 +102,6 @@ def bfloat16_copy(model: nn.Module) -> nn.Module:
     return dup.eval()
 
 
-def scoring_dtype(device: torch.device, dtype: str = "fp32") -> torch.dtype | None:
-    """The compute dtype of `--dtype` on `device`: torch.bfloat16, or None for float32.
-
-    'fp32' (the default: exact), 'bf16' (an error where the hardware has no native bfloat16: a CPU
-    without AVX-512 BF16 or AMX, a GPU before compute capability 8.0), 'auto' (bfloat16 where native).
-    """
-    amp = amp_dtype(device, dtype)  # raises for bf16 on a CPU without native bfloat16
-    if amp is not None and device.type == "cuda":
-        major, _ = torch.cuda.get_device_capability(device)
-        if major < 8:
-            if dtype == "bf16":
-                raise UserError("--dtype bf16 asked for, but this GPU has no native bfloat16 "
-                                   "(compute capability 8.0 or later)")
-            return None
-    return amp
-
-
 # -- the scorer -------------------------------------------------------------------------------------------------
 def _word_ids(phrases: list[bytes], index: dict[bytes, int], unk: int,
               end: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,6 +127,11 @@ def _word_ids(phrases: list[bytes], index: dict[bytes, int], unk: int,
     return matrix, lens, unknown
 
 
+# Pairs of a table's first window that `--dtype auto` times its scoring on (`PhraseScorer.choose_dtype`): a
+# call of a fraction of a second for the `paper` preset on a CPU core, so that the probe stays within its budget.
+PROBE_PAIRS = 512
+
+
 class PhraseScorer:
     def __init__(self, loaded: LoadedModel, token_budget: int = 16384, model_dir: str | None = None,
                  node_chunk: int | None = None, dtype: str = "fp32"):
@@ -151,8 +139,9 @@ class PhraseScorer:
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
         model = loaded.model.eval()
         self.device = next(model.parameters()).device
-        self.dtype = dtype  # 'fp32' | 'bf16' | 'auto', as given (worker processes resolve it again)
-        self.amp = scoring_dtype(self.device, dtype)  # None: float32
+        # 'fp32' | 'bf16'; 'auto' until the first pairs are scored (`choose_dtype`), float32 meanwhile
+        self.dtype = dtype
+        self.amp = None if dtype == "auto" else amp_dtype(self.device, dtype)  # None: float32
         self.model = model if self.amp is None else bfloat16_copy(model)
         self.token_budget = token_budget
         self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab))
@@ -170,7 +159,29 @@ class PhraseScorer:
 
     @property
     def compute_dtype(self) -> str:
-        return "bf16" if self.amp is not None else "fp32"
+        return dtype_name(self.amp)
+
+    def choose_dtype(self, sources: list[bytes], targets: list[bytes], quiet: bool = False, combine=None) -> None:
+        """Settle `--dtype auto` (`runtime.probe_dtype`; `combine` as there), once: on a CPU with native
+        bfloat16, by timing the scoring of the first `PROBE_PAIRS` of these pairs with the float32 model
+        and with its bfloat16 copy. The probe's scores are dropped and the running counts left as they
+        were, so what follows is what a scorer made with the chosen dtype gives."""
+        if self.dtype != "auto":
+            return
+        sample = sources[:PROBE_PAIRS], targets[:PROBE_PAIRS]
+        models, counts = {None: self.model}, (self.distinct_sources, self.encoder_tokens, self.decoder_nodes)
+
+        def step(amp: torch.dtype | None) -> None:
+            if amp not in models:  # in the untimed warm-up call
+                models[amp] = bfloat16_copy(models[None])
+            self.amp, self.model = amp, models[amp]
+            self._scores(*sample)
+
+        amp = probe_dtype(self.device, self.dtype, step, what=f"scoring {len(sample[0])} pairs", quiet=quiet,
+                          combine=combine)
+        self.amp, self.model = amp, models[amp] if amp in models else bfloat16_copy(models[None])
+        self.dtype = dtype_name(amp)  # what worker processes are given
+        self.distinct_sources, self.encoder_tokens, self.decoder_nodes = counts
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
         """A host array on the scoring device: pinned and copied asynchronously on CUDA (the copy
@@ -209,9 +220,15 @@ class PhraseScorer:
             cols.append(unk)
         return np.stack(cols, axis=1)
 
-    @torch.inference_mode()
     def _score_keys(self, sources: list[bytes], targets: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(log p, target symbols incl. </s>, words mapped to [UNK]) of each (source, target) pair."""
+        if self.dtype == "auto":  # the first call settles it on its own pairs
+            self.choose_dtype(sources, targets)
+        return self._scores(sources, targets)
+
+    @torch.inference_mode()
+    def _scores(self, sources: list[bytes], targets: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`_score_keys` in the scorer's current dtype."""
         n = len(sources)
         if n == 0:
             return np.zeros(0), np.zeros(0), np.zeros(0)
@@ -420,7 +437,8 @@ def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int
     The device ('auto': CUDA when available; under torchrun, cuda:LOCAL_RANK),
     torch's CPU threads (`configure_threads`: by model size; under torchrun the
     processes of a machine share its cores), the worker processes
-    (`default_workers`) and the compute dtype (`scoring_dtype`). `moses-rnn
+    (`default_workers`) and the compute dtype (`runtime.amp_dtype`; 'auto' is settled on the table's first
+    window, `settle_dtype`). `moses-rnn
     score` and the benchmarks call this, so they measure what the command runs.
     """
     dist = dist or Distributed()
@@ -477,6 +495,16 @@ def first_line_scores(table: str, head: tuple[int, bytes] | None) -> int:
     data = head[1]
     first = data[: data.find(b"\n") + 1 or len(data)]
     return len(parse_line(decode_line(first, table, 1), table, 1).scores)
+
+
+def settle_dtype(scorer: PhraseScorer, job: TableJob, head: tuple[int, bytes], quiet: bool = False,
+                 combine=None) -> None:
+    """Settle the scorer's `--dtype auto` (`PhraseScorer.choose_dtype`) on the table's first window `head`
+    (first line, whole lines), before worker processes start: they are given the choice."""
+    if scorer.dtype == "auto":
+        window = parse_window(head[1], job.path, head[0], job.nscores)
+        check_phrase_lengths(window, job)
+        scorer.choose_dtype(window.sources, window.targets, quiet, combine)
 
 
 class _Failed:
@@ -581,6 +609,7 @@ def score_table(
     blocks = iter_line_blocks(table, window)
     head = next(blocks, None)
     job = TableJob(table, first_line_scores(table, head), normalize, unknown, max_words)
+    settle_dtype(scorer, job, head, quiet=not progress)
     blocks = itertools.chain([head], blocks)
     read = written = sources = 0
 
@@ -603,5 +632,5 @@ def score_table(
 
 
 __all__ = ["PhraseScorer", "ScoreStats", "ScoringSetup", "TableJob", "WindowPool", "first_line_scores", "score_table", "rescore_window",
-           "default_workers", "setup_scoring", "bfloat16_copy", "scoring_dtype", "default_node_chunk",
+           "default_workers", "setup_scoring", "bfloat16_copy", "settle_dtype", "default_node_chunk",
            "MAX_PHRASE_WORDS", "check_phrase_lengths", "workers_warning"]

@@ -26,7 +26,7 @@ from mtcommon.textio import (InputError, after_newlines, atomic_output, count_li
                      iter_line_blocks, remove_stale_temporaries, sibling_temporary)
 
 from . import score
-from .score import MAX_PHRASE_WORDS, PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores
+from .score import MAX_PHRASE_WORDS, PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores, settle_dtype
 
 # -- sharded scoring under torchrun -------------------------------------------------------------------------------
 class _Board:
@@ -58,6 +58,11 @@ class _Board:
                 raise _Stopped
             time.sleep(self.poll)
         return [json.loads(self.store.get(k)) for k in keys]
+
+    def add_up(self, values: list[float]) -> list[float]:
+        """Element-wise sum of every process's `values`; each process calls it once in a run (one key)."""
+        self.post("add-up", values)
+        return [sum(column) for column in zip(*self.gather("add-up", unless_aborted=True))]
 
     def wait(self, key: str, rank: int = 0):
         """Process `rank`'s `post(key, ...)`, once posted."""
@@ -162,8 +167,9 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
     interrupted = False
     try:
         try:
-            job = TableJob(table, first_line_scores(table, next(iter_line_blocks(table, 1), None)), normalize,
-                           unknown, max_words)
+            head = next(iter_line_blocks(table, window), None)  # the first window, as a single process reads it
+            job = TableJob(table, first_line_scores(table, head), normalize, unknown, max_words)
+            settle_dtype(scorer, job, head, quiet=not (progress and dist.is_main), combine=board.add_up)
             shard = _plan_shard(table, window, board)
             desc = f"scoring (rank 0 of {dist.world})"
             with open(part, "wb") as sink, WindowPool(scorer, job, workers) as pool, \

@@ -47,7 +47,7 @@ class TrainConfig:
     clip: float | None = None  # gradient-norm clipping threshold; 0: none
     sampled_softmax: int | None = None  # candidates per batch (Jean et al. 2015); 0: full softmax
     bucket: bool | None = None  # batches of equal-length pairs
-    dtype: str | None = None  # "auto" (bf16 where native), "bf16" or "fp32"
+    dtype: str | None = None  # "auto" (the faster where both run, runtime.probe_dtype), "bf16" or "fp32"
     rho: float = 0.95  # Adadelta (Appendix A.2)
     eps: float = 1e-6
     max_steps: int = 20000
