@@ -524,6 +524,48 @@ def test_a_run_checks_every_tool_before_its_first_step(tmp_path):
     assert "MOSES" not in r.stderr
 
 
+def test_a_new_tuning_redoes_nothing_finished(tmp_path):
+    """eval-SYSTEM with one more tuning (RUNS=2 after RUNS=1) tunes and decodes only the new one:
+    the filtered models stay (make must not delete them as intermediates and filter again, which
+    would put the finished tuning out of date), and no temporary ini is left behind."""
+    moses = _fake_moses(tmp_path / "moses")
+    scripts = moses / "scripts" / "training"
+    fakes = {  # each records its call in calls.log beside the work folder
+        scripts / "filter-model-given-input.pl": 'mkdir -p "$1" && cp "$2" "$1/moses.ini"',
+        scripts / "mert-moses.pl": 'wd=""; prev=""; for a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; prev=$a; done\n'
+                                   'mkdir -p "$wd" && printf "[weight]\\nLM0= 0.5\\n" > "$wd/moses.ini"',
+        moses / "bin" / "moses": "cat",
+        tmp_path / "sacrebleu": 'echo \'{"score": 1.0}\'',
+    }
+    for path, body in fakes.items():
+        path.write_text(f'#!/bin/sh\necho "$(basename $0) $*" >> {tmp_path}/calls.log\n{body}\n')
+        path.chmod(0o755)
+    work = tmp_path / "w"
+    (work / "data").mkdir(parents=True)
+    for name in ("dev.en", "dev.fr", "test.en", "test.ref.fr"):
+        (work / "data" / name).write_text("a house\n")
+    (work / "systems" / "baseline").mkdir(parents=True)
+    (work / "systems" / "baseline" / "moses.ini").write_text("[feature]\nKENLM name=LM0\n[weight]\nLM0= 0.5\n")
+    old = ["-o", str(work / "data" / "dev.en"), "-o", str(work / "data" / "test.en"),
+           "-o", str(work / "systems" / "baseline" / "moses.ini")]  # the model: built, not remade here
+    args = dict(MOSES=str(moses), WORK=str(work), SACREBLEU=str(tmp_path / "sacrebleu"), POSITIVE="")
+    r = _make(*old, "eval-baseline", RUNS=1, **args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    system = work / "systems" / "baseline"
+    assert (system / "moses.ini.filtered-dev").exists() and (system / "moses.ini.filtered-test").exists()
+    assert (system / "mert-1" / "test.bleu.json").exists()
+    first = (tmp_path / "calls.log").read_text().splitlines()
+    assert sum(c.startswith("filter-model-given-input.pl") for c in first) == 2  # dev and test, once
+    (tmp_path / "calls.log").unlink()
+    r = _make(*old, "eval-baseline", RUNS=2, **args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert not any(c.startswith("filter-model-given-input.pl") for c in calls), calls
+    tunings = [c for c in calls if c.startswith("mert-moses.pl")]
+    assert len(tunings) == 1 and "/mert-2/mert" in tunings[0] and "/mert-1/" not in tunings[0]
+    assert not list(work.rglob("*.tmp"))
+
+
 @pytest.mark.parametrize("tuner", ["mert", "kbmira", "pro"])
 def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, tuner):
     """tune-SYSTEM runs mert-moses.pl with --continue when the working folder holds a finished
