@@ -56,9 +56,9 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
                           "--no-filter-phrase-table") == 3
     assert plan.count("filter-model-given-input.pl") == 4 and plan.count("mt.py reweight") == 12
     assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3 -P $positive "') == 4
-    # mert keeps the lexicalized reordering weights positive: -P with the names of their scores
+    # mert keeps the reordering and phrase-table weights positive: -P with the names of their scores
     assert plan.count(f"positive=$({sys.executable} {PIPE}/mt.py positive {tmp_path}/w/systems/rnn/moses.ini.filtered-dev "
-                      "LexicalReordering0) && ") == 3
+                      "LexicalReordering0 TranslationModel0) && ") == 3
     assert plan.count("/mert --threads 2 ") == 12  # the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
     # dev: the tuning's own decoding of the weights it kept
@@ -585,7 +585,9 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
     system = work / "systems" / "baseline"
     system.mkdir(parents=True)
     (system / "moses.ini.filtered-dev").write_text(
-        "[feature]\nLexicalReordering name=LexicalReordering0 num-features=6 path=r\n[weight]\nLM0= 1\n")
+        "[feature]\nLexicalReordering name=LexicalReordering0 num-features=6 path=r\n"
+        "PhraseDictionaryMemory name=TranslationModel0 num-features=5 tuneable-components=true,true,true,true,false path=p\n"
+        "[weight]\nLM0= 1\n")
     corpus = tmp_path / "dev"  # the raw dev set, older than the prepared one
     for lang in ("en", "fr"):
         Path(f"{corpus}.{lang}").write_text("a\n")
@@ -613,7 +615,8 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
         else:
             assert "--continue" not in args and found == []
         assert "--no-filter-phrase-table" in args and "moses.ini.filtered-dev" in args
-        flags = {"mert": f"--mertmertargs -r {k} -P " + ",".join(f"LexicalReordering0_{i}" for i in range(6)) + " ",
+        flags = {"mert": f"--mertmertargs -r {k} -P " + ",".join([f"LexicalReordering0_{i}" for i in range(6)]
+                                                                  + [f"TranslationModel0_{i}" for i in range(4)]) + " ",
                  "kbmira": f"--batch-mira --batch-mira-args -r {k} ",
                  "pro": f"--pairwise-ranked --proargs -r {k} "}[tuner]
         assert flags in args
