@@ -30,11 +30,24 @@ moses=$(cd "$moses" && pwd)
 programs=(moses lmplz build_binary extract score consolidate lexical-reordering-score extractor mert kbmira pro evaluator)
 # bjam targets are the installed files' absolute paths: a bare name such as `moses`
 # or `mert` would name a Moses subproject (its folder), not the program in bin/.
+# Those paths name installed files, which bjam does not re-check against their sources once
+# they exist: a checkout whose bin/ already holds the programs is rebuilt through Moses's own
+# install target (prefix-bin: every program, but only what changed is compiled again).
 targets=()
-for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
-echo "build-moses.sh: CSLM added to $moses; building ${#programs[@]} programs with bjam -j $jobs" >&2
+for p in "${programs[@]}"; do [ -x "$moses/bin/$p" ] || targets+=("$moses/bin/$p"); done
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(prefix-bin)
+  echo "build-moses.sh: CSLM added to $moses; rebuilding what changed with bjam -j $jobs" >&2
+else
+  targets=(); for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
+  echo "build-moses.sh: CSLM added to $moses; building ${#programs[@]} programs with bjam -j $jobs" >&2
+fi
 cd "$moses"
 ./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c "${targets[@]}"
+# the decoder must be newer than every source the feature added, or it was not rebuilt
+for f in moses/FF/CSLM.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_local.cpp moses/FF/cslm_client.cpp; do
+  [ bin/moses -nt "$f" ] || { echo "build-moses.sh: bin/moses is older than $f after bjam; run ./bjam --with-boost=/usr -q --no-xmlrpc-c in $moses" >&2; exit 1; }
+done
 
 missing=()
 for p in "${programs[@]}"; do [ -x "bin/$p" ] || missing+=("bin/$p"); done
