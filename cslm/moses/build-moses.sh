@@ -33,14 +33,13 @@ programs=(moses lmplz build_binary extract score consolidate lexical-reordering-
 # Those paths name installed files, which bjam does not re-check against their sources once
 # they exist: a checkout whose bin/ already holds the programs is rebuilt through Moses's own
 # install target (prefix-bin: every program, but only what changed is compiled again).
-targets=()
-for p in "${programs[@]}"; do [ -x "$moses/bin/$p" ] || targets+=("$moses/bin/$p"); done
+targets=(prefix-bin)
+for p in "${programs[@]}"; do [ -x "$moses/bin/$p" ] || targets=(); done
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(prefix-bin)
-  echo "build-moses.sh: CSLM added to $moses; rebuilding what changed with bjam -j $jobs" >&2
-else
-  targets=(); for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
+  for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
   echo "build-moses.sh: CSLM added to $moses; building ${#programs[@]} programs with bjam -j $jobs" >&2
+else
+  echo "build-moses.sh: CSLM added to $moses; rebuilding what changed with bjam -j $jobs" >&2
 fi
 cd "$moses"
 ./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c "${targets[@]}"
