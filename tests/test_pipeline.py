@@ -42,6 +42,8 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
                  "moses-rnn train", "moses-rnn score", "cslm train", "ini add-columns", "ini add-feature",
                  "mt.py detok", "sacrebleu", "mt.py report", "--self-norm 0.1"]:
         assert step in plan, step
+    # the RNN column starts at RNN_WEIGHT (0.05), in both systems that add it to the table
+    assert "--count 1 --weight 0.05 --path" in plan and "--count 2 --weight 0.05 --weight -0.1 --path" in plan
     # the sorted extracts go once the tables are built, before the folder is renamed; lex.* stay
     assert plan.index("extract.*sorted.gz") < plan.index(f"mv {tmp_path}/w/train.tmp {tmp_path}/w/train")
     assert "rm -f" in plan.splitlines()[[i for i, l in enumerate(plan.splitlines()) if "extract.*sorted.gz" in l][0]]
@@ -59,7 +61,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     # mert keeps the reordering and phrase-table weights positive: -P with the names of their scores
     assert plan.count(f"positive=$({sys.executable} {PIPE}/mt.py positive {tmp_path}/w/systems/rnn/moses.ini.filtered-dev "
                       "LexicalReordering0 TranslationModel0) && ") == 3
-    assert plan.count("/mert --threads 2 ") == 12  # the optimiser on THREADS threads
+    assert plan.count("/mert --nbest 300 --threads 2 ") == 12  # 300-best lists; the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
     # dev: the tuning's own decoding of the weights it kept
     assert plan.count("mt.py best-iteration") == 12
@@ -649,6 +651,8 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     if tuner == "mert":  # POSITIVE empty: no constraint
         r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
+    assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 12 and "--nbest 300" not in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
