@@ -213,6 +213,17 @@ def ini_set(moses_ini, name, assignments, output):
     _ini_edit(moses_ini, output, edit)
 
 
+@ini.command("weight")
+@click.argument("moses_ini", type=click.Path(exists=True, dir_okay=False))
+@click.argument("name")
+@click.argument("weights", nargs=-1, required=True, type=float)
+@click.option("-o", "--output", required=True, help="Output moses.ini ('-' for stdout).")
+@fail_cleanly
+def ini_weight(moses_ini, name, weights, output):
+    """Set the starting weights of feature NAME, one per score (e.g. `LM0 0.4`)."""
+    _ini_edit(moses_ini, output, lambda cfg: cfg.set_weights(name, list(weights)))
+
+
 def _sources(phrases, input_file) -> list[str]:
     from .generation.generate import read_sources
 

@@ -218,3 +218,24 @@ def test_cli(shared_data, tmp_path):
     assert "LexicalReordering" not in out3.read_text()
     r = CliRunner().invoke(main, ["ini", "add-feature", str(src), "CSLM", "name=my_lm", "-o", str(out)])
     assert r.exit_code != 0 and "not usable by MERT" in r.output
+
+
+def test_set_weights_replaces_one_feature_line_only(tmp_path):
+    """`ini weight` rewrites one feature's [weight] line, keeps every other line, and refuses a
+    feature the file lacks or a count other than the feature's."""
+    src = tmp_path / "a.ini"
+    src.write_text("[feature]\nKENLM name=LM0 factor=0 path=lm.bin order=5\nWordPenalty\n"
+                   "PhraseDictionaryMemory name=TranslationModel0 num-features=2 path=pt.gz input-factor=0 "
+                   "output-factor=0\n\n[weight]\nLM0= 0.5\nWordPenalty0= -1\nTranslationModel0= 0.2 0.2\n")
+    out = tmp_path / "b.ini"
+    r = CliRunner().invoke(main, ["ini", "weight", str(src), "LM0", "0.4", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_text() == src.read_text().replace("LM0= 0.5", "LM0= 0.4")
+    r = CliRunner().invoke(main, ["ini", "weight", str(src), "TranslationModel0", "0.1", "0.3", "-o", str(out)])
+    assert r.exit_code == 0 and MosesIni.read(str(out)).weights("TranslationModel0") == [0.1, 0.3]
+    for args, message in [(["LM0", "0.4", "0.1"], "LM0 has 1 weight(s)"), (["CSLM0", "0.1"], "no feature named 'CSLM0'"),
+                          (["LM0", "nan"], "LM0")]:
+        before = out.read_text()
+        r = CliRunner().invoke(main, ["ini", "weight", str(src), *args, "-o", str(out)])
+        assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output, r.output
+        assert out.read_text() == before  # nothing written on a refusal

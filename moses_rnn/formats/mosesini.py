@@ -249,6 +249,17 @@ class MosesIni:
             raise IniError(f"[weight] line of {name} holds a weight that is not a number: {self.lines[i]!r}") from None
 
     # ---- edits -----------------------------------------------------------
+    def set_weights(self, name: str, weights: list[float]) -> None:
+        """Give feature `name`'s [weight] line these values, one per score it has: the same count
+        as its line holds today (a feature without a line, or a different count, is refused)."""
+        self.feature(name)  # refuses a name the file does not declare
+        old = self.weights(name)
+        if old is None:
+            raise IniError(f"{self.path} has no [weight] line for {name}")
+        if len(weights) != len(old):
+            raise IniError(f"{name} has {len(old)} weight(s) in {self.path}, {len(weights)} given")
+        self._set_weights(name, weights)
+
     def _set_weights(self, name: str, weights: list[float]) -> None:
         _check_finite(name, weights)
         line = f"{name}= " + " ".join(_fmt(w) for w in weights)
