@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -15,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PIPE = ROOT / "pipelines"
 sys.path.insert(0, str(PIPE))
 import mt  # noqa: E402
+
+from moses_rnn.formats.mosesini import MosesIni  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
@@ -686,3 +689,43 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     again = (tmp_path / "fake-train.args").read_text().splitlines()[-1]
     assert again.startswith("train ") and "--resume" not in again
+
+
+def test_systems_start_from_the_documented_weights(tmp_path):
+    """The four systems' moses.ini files, built by make from a base model: the RNN column starts at
+    RNN_WEIGHT (its unknown-word column fixed at 0 in rnn), the CSLM at CSLM_WEIGHT, and beside the
+    CSLM the n-gram LM at LM_WEIGHT_BESIDE_CSLM; every other weight is the base model's."""
+    moses = _fake_moses(tmp_path / "moses")
+    w = tmp_path / "w"
+    (w / "model").mkdir(parents=True)
+    base = ("[feature]\nUnknownWordPenalty\nWordPenalty\nKENLM name=LM0 factor=0 path=lm.blm order=5\n"
+            "PhraseDictionaryMemory name=TranslationModel0 num-features=4 path=pt.gz input-factor=0 output-factor=0\n"
+            "\n[weight]\nUnknownWordPenalty0= 1\nWordPenalty0= -1\nLM0= 0.5\nTranslationModel0= 0.2 0.2 0.2 0.2\n")
+    (w / "model" / "moses.ini").write_text(base)
+    (w / "rnn").mkdir()
+    with gzip.open(w / "rnn" / "phrase-table.rnn.gz", "wt") as f:
+        f.write("a ||| b ||| 0.5 0.5 0.5 0.5 0.1 1 ||| 0-0 ||| 1 1 1 ||| |||\n")
+    (w / "cslm" / "model").mkdir(parents=True)
+    (w / "cslm" / "model" / ".done").touch()
+    old = [f"-o{w}/model/moses.ini", f"-o{w}/rnn/phrase-table.rnn.gz", f"-o{w}/cslm/model/.done"]
+    targets = [str(w / "systems" / s / "moses.ini") for s in PAPER_SYSTEMS]
+    r = _make(*old, *targets, MOSES=str(moses), WORK=str(w))
+    assert r.returncode == 0, r.stdout + r.stderr
+    ini = {s: MosesIni.read(str(w / "systems" / s / "moses.ini")) for s in PAPER_SYSTEMS}
+    assert ini["baseline"].weights("TranslationModel0") == [0.2] * 4 and ini["baseline"].weights("LM0") == [0.5]
+    assert ini["rnn"].weights("TranslationModel0") == [0.2] * 4 + [0.05, 0.0] and ini["rnn"].weights("LM0") == [0.5]
+    assert ini["cslm-rnn"].weights("TranslationModel0") == [0.2] * 4 + [0.05, 0.0]
+    assert ini["cslm-rnn"].weights("CSLM0") == [0.1] and ini["cslm-rnn"].weights("LM0") == [0.4]
+    assert ini["cslm-rnn-wp"].weights("TranslationModel0") == [0.2] * 4 + [0.05, -0.1]
+    assert ini["cslm-rnn-wp"].weights("CSLM0") == [0.1, -0.1] and ini["cslm-rnn-wp"].weights("LM0") == [0.4]
+    for s in PAPER_SYSTEMS:
+        assert ini[s].weights("WordPenalty0") == [-1.0] and not list((w / "systems" / s).glob("*.tmp"))
+    # the variables move them
+    for s in PAPER_SYSTEMS:
+        (w / "systems" / s / "moses.ini").unlink()
+    r = _make(*old, *targets, MOSES=str(moses), WORK=str(w), RNN_WEIGHT="0.2", CSLM_WEIGHT="0.05",
+              LM_WEIGHT_BESIDE_CSLM="0.45")
+    assert r.returncode == 0, r.stdout + r.stderr
+    wp = MosesIni.read(str(w / "systems" / "cslm-rnn-wp" / "moses.ini"))
+    assert wp.weights("TranslationModel0")[4] == 0.2 and wp.weights("CSLM0") == [0.05, -0.1]
+    assert wp.weights("LM0") == [0.45]
