@@ -33,6 +33,11 @@ def main():
               help="RNN Encoder-Decoder (Cho et al., 2014) or RNNsearch with attention (Bahdanau et al., 2015).")
 @click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 256].")
 @click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")
+@click.option("--subwords", type=click.IntRange(min=0), default=0,
+              help="Read and predict subword units (sentencepiece BPE), this many per side, instead of word "
+                   "shortlists: an open vocabulary, no [UNK]. 0: words.  [default: 0]")
+@click.option("--subword-corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), metavar="SRC TGT",
+              help="Tokenized source and target text to learn the units on [the table's distinct phrases].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: Cho et al.'s training exactly (64 pairs, Adadelta, full softmax, float32). fast: 128 "
                    "equal-length pairs, Adam, sampled softmax, --dtype auto (see README).")
@@ -60,7 +65,7 @@ def main():
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
-def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_steps, max_minutes, batch_size, optimizer,
+def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, subwords, subword_corpus, recipe, max_steps, max_minutes, batch_size, optimizer,
           lr, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume, quiet):
     """Train on the unique phrase pairs of a Moses phrase table TABLE.
 
@@ -73,7 +78,7 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
                       optimizer=optimizer, lr=lr, sampled_softmax=sampled_softmax, bucket=bucket, dtype=dtype,
                       max_steps=max_steps, max_minutes=max_minutes, clip=clip, seed=seed,
                       valid_pairs=valid_pairs, eval_every=eval_every, device=device, threads=threads,
-                      arch=arch)
+                      arch=arch, subwords=subwords, subword_corpus=tuple(subword_corpus) if subword_corpus else None)
     summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet)
     if summary["rank"] == 0:
         click.echo(json.dumps(summary, indent=2), err=True)
@@ -83,7 +88,7 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, recipe, max_step
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", help="Output table ('-' for stdout) [TABLE with .rnn before .gz].")
-@click.option("--normalize", is_flag=True, help="Divide log p by the number of target symbols (words + </s>).")
+@click.option("--normalize", is_flag=True, help="Divide log p by the number of target symbols (units + </s>; units are words, or subword units).")
 @click.option("--unknown/--no-unknown", default=False, show_default=True,
               help="Also append the count of words outside the shortlists (word-penalty feature).")
 @click.option("--device", default="auto", show_default=True, callback=check_device,

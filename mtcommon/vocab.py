@@ -6,13 +6,21 @@ ties broken by the word itself so the same counts always give the same ids.
 Words outside the shortlist map to the unknown symbol. On disk a vocabulary is
 plain UTF-8 text, one entry per line in id order: `word<TAB>count` (reserved
 symbols have count 0), so it can be read, diffed and checksummed by anyone.
+
+The networks read phrases through the phrase-level methods (`units`,
+`encode_phrases`, `encode_keys`, `join`): here a phrase's units are its words;
+`mtcommon.subword.SubwordVocabulary` gives the same methods over subword units.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections import Counter
+from functools import cached_property
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from .errors import UserError
 
@@ -57,6 +65,43 @@ class Vocabulary:
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         return [self.words[i] for i in ids]
+
+    # -- phrases: what the networks read and write -------------------------------
+    kind = "words"  # the `segmentation` a model config names for this vocabulary type
+
+    def units(self, phrase: str) -> list[str]:
+        """The units a network reads for `phrase`: its words."""
+        return phrase.split()
+
+    def encode_phrases(self, phrases: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of every phrase's units, concatenated, int64; the number of units of each phrase, int64)."""
+        split = [p.split() for p in phrases]
+        lens = np.fromiter(map(len, split), dtype=np.int64, count=len(split))
+        ids = np.fromiter(self.encode(itertools.chain.from_iterable(split)), dtype=np.int64, count=int(lens.sum()))
+        return ids, lens
+
+    def encode_keys(self, keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """`encode_phrases` of UTF-8 phrases whose words are separated by single spaces (the keys
+        `phrasetable.Window` and `phrase_key` make). Every pass is C-level: bytes.count and
+        bytes.split, dict.get through map; the words are never decoded."""
+        if b"" in keys:  # an empty phrase (only through the API): no words
+            lens = np.fromiter(map(len, map(bytes.split, keys)), dtype=np.int64, count=len(keys))
+            words = itertools.chain.from_iterable(map(bytes.split, keys))
+        else:
+            lens = np.fromiter(map(bytes.count, keys, itertools.repeat(b" ")), dtype=np.int64, count=len(keys)) + 1
+            words = b" ".join(keys).split(b" ")
+        ids = np.fromiter(map(self._byte_index.get, words, itertools.repeat(self.unk_id)), dtype=np.int64,
+                          count=int(lens.sum()))
+        return ids, lens
+
+    @cached_property
+    def _byte_index(self) -> dict[bytes, int]:
+        """The shortlist keyed by UTF-8 bytes, made once: table phrases are looked up without decoding."""
+        return {w.encode("utf-8"): i for i, w in enumerate(self.words)}
+
+    def join(self, ids: Iterable[int]) -> str:
+        """The phrase that units `ids` spell (reserved symbols included, as their names)."""
+        return " ".join(self.decode(ids))
 
     # -- persistence -------------------------------------------------------
     def to_text(self) -> str:

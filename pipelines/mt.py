@@ -30,7 +30,9 @@ from pathlib import Path
 from mtcommon.textio import InputError, atomic_output, iter_lines
 
 # the report's names of the systems of pipelines/Makefile (SYSTEMS there); another name is shown as it is
-LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP"}
+LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP",
+          "rnn-subword": "RNN, subword units", "rnnsearch": "RNNsearch", "cslm-rnnsearch": "CSLM + RNNsearch",
+          "cslm-rnn-subword": "CSLM + RNN, subword units"}
 
 
 def _write_lines(path: str, lines) -> int:
@@ -394,6 +396,8 @@ def report(args) -> None:
     for description in all_descriptions:
         lines += ["", f"over all tunings: `{description}`"]
     models = [row for row in (_model_row("RNN Encoder–Decoder", work / "rnn" / "model"),
+                              _model_row("RNN Encoder–Decoder, subword units", work / "rnn-subword" / "model"),
+                              _model_row("RNNsearch", work / "rnnsearch" / "model"),
                               _model_row("CSLM", work / "cslm" / "model")) if row]
     if models:
         lines += ["", "| Network | preset | parameters | recipe | training budget | updates | held-out ppl |",

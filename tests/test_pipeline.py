@@ -24,6 +24,9 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 # the paper's four systems of Table 1, which a run builds, tunes and reports
 PAPER_SYSTEMS = ("baseline", "rnn", "cslm-rnn", "cslm-rnn-wp")
+# and the systems past the paper's limits: subword units, attention, attention with the CSLM
+NEW_SYSTEMS = ("rnn-subword", "rnnsearch", "cslm-rnnsearch")
+ALL_SYSTEMS = PAPER_SYSTEMS + NEW_SYSTEMS
 
 
 def _make(*args, cwd=PIPE, env_extra=None, **vars_):
@@ -50,7 +53,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     # the sorted extracts go once the tables are built, before the folder is renamed; lex.* stay
     assert plan.index("extract.*sorted.gz") < plan.index(f"mv {tmp_path}/w/train.tmp {tmp_path}/w/train")
     assert "rm -f" in plan.splitlines()[[i for i, l in enumerate(plan.splitlines()) if "extract.*sorted.gz" in l][0]]
-    for system in PAPER_SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
+    for system in ALL_SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
         for k in (1, 2, 3):
             assert f"systems/{system}/mert-{k}/mert" in plan and f"systems/{system}/mert-{k}/$set.ini" in plan
         # the tables filtered once per system, each run's weights put into them; every tuning
@@ -59,20 +62,20 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
         assert plan.count(f"mert-moses.pl {tmp_path}/w/data/dev.en {tmp_path}/w/data/dev.fr \\\n"
                           f"  /opt/mosesdecoder/bin/moses {tmp_path}/w/systems/{system}/moses.ini.filtered-dev "
                           "--no-filter-phrase-table") == 3
-    assert plan.count("filter-model-given-input.pl") == 4 and plan.count("mt.py reweight") == 12
-    assert plan.count("mert-moses.pl") == 12 and plan.count('--mertmertargs "-r 3 -P $positive "') == 4
+    assert plan.count("filter-model-given-input.pl") == 7 and plan.count("mt.py reweight") == 21
+    assert plan.count("mert-moses.pl") == 21 and plan.count('--mertmertargs "-r 3 -P $positive "') == 7
     # mert keeps the reordering and phrase-table weights positive: -P with the names of their scores
     assert plan.count(f"positive=$({sys.executable} {PIPE}/mt.py positive {tmp_path}/w/systems/rnn/moses.ini.filtered-dev "
                       "LexicalReordering0 TranslationModel0) && ") == 3
-    assert plan.count("/mert --nbest 300 --threads 2 ") == 12  # 300-best lists; the optimiser on THREADS threads
+    assert plan.count("/mert --nbest 300 --threads 2 ") == 21  # 300-best lists; the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
     # dev: the tuning's own decoding of the weights it kept
-    assert plan.count("mt.py best-iteration") == 12
+    assert plan.count("mt.py best-iteration") == 21
     # the whole table scored (SCORE_SCOPE=all, the default)
     assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
     assert "model-devtest" not in plan
     assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan and "--tuner mert" in plan
-    assert f'--systems "{" ".join(PAPER_SYSTEMS)}"' in plan  # the report's systems: the Makefile's list
+    assert f'--systems "{" ".join(ALL_SYSTEMS)}"' in plan  # the report's systems: the Makefile's list
     for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
         assert f"times.tsv {step} -- " in plan, step
     assert "--max-minutes 120" in plan  # the full run's budget per network
@@ -88,8 +91,8 @@ def test_dry_run_budget(tmp_path, shared_data):
     a variable given on the command line still wins; any other BUDGET value is refused."""
     r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
-    assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 12
-    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 2
+    assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 21
+    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 4  # CSLM and three phrase networks
     assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by mert on the first 400" in r.stdout
     # the RNN scores only what dev and test can use: the base model filtered to both sets' sources
     w = tmp_path / "w"
@@ -97,12 +100,40 @@ def test_dry_run_budget(tmp_path, shared_data):
     assert f"filter-model-given-input.pl {w}/model-devtest.tmp {w}/model/moses.ini {w}/devtest.en" in r.stdout
     assert f"table-path {w}/model-devtest/moses.ini)" in r.stdout
     assert f"cp {w}/model-devtest/moses.ini {w}/systems/baseline/moses.ini.tmp" in r.stdout
-    assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 2
+    assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 4
     r = _make("-n", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
               DATA=str(shared_data / "en-fr"))
     assert "--lines 100" in r.stdout and "first 100 dev sentences" in r.stdout
     r = _make("-n", "BUDGET=yes", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"))
     assert r.returncode != 0 and "BUDGET must be 0 or 1, not yes" in r.stderr
+
+
+def test_dry_run_new_systems(tmp_path):
+    """The subword and RNNsearch networks train as the RNN does (its arguments and budget, plus their own),
+    on the phrase table; the subword units are learned on the training corpus; the subword column comes
+    without an unknown-word count; cslm-rnnsearch adds the CSLM to rnnsearch as cslm-rnn does to rnn."""
+    w = tmp_path / "w"
+    r = _make("-n", "BUDGET=1", "SYSTEMS=rnn-subword rnnsearch cslm-rnnsearch", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    rnn_args = "--preset small --max-minutes 35 --max-steps 1000000 --threads 1"
+    assert (f"moses-rnn train {w}/train/model/phrase-table.gz -o {w}/rnn-subword/model {rnn_args} --subwords 8000 "
+            f"--subword-corpus {w}/data/train.en {w}/data/train.fr") in plan
+    assert f"moses-rnn train {w}/train/model/phrase-table.gz -o {w}/rnnsearch/model {rnn_args} --arch rnnsearch" in plan
+    assert "times.tsv rnn-subword-train -- " in plan and "times.tsv rnnsearch-score -- " in plan
+    assert f"-m {w}/rnn-subword/model -o {w}/rnn-subword/phrase-table.rnn.gz --quiet" in plan  # no --unknown
+    assert f"-m {w}/rnnsearch/model -o {w}/rnnsearch/phrase-table.rnn.gz --unknown --quiet" in plan
+    assert (f"ini add-columns {w}/model-devtest/moses.ini --table TranslationModel0 --count 1 --weight 0.05 "
+            f"--path {w}/rnn-subword/phrase-table.rnn.gz -o {w}/systems/rnn-subword/moses.ini\n") in plan
+    assert f"--path {w}/rnnsearch/phrase-table.rnn.gz -o {w}/systems/rnnsearch/moses.ini.tmp" in plan
+    assert f"ini add-feature {w}/systems/rnnsearch/moses.ini CSLM name=CSLM0" in plan
+    assert f"ini weight {w}/systems/cslm-rnnsearch/moses.ini.tmp LM0 0.4" in plan
+    assert plan.count("mert-moses.pl") == 9 and "/rnn/model" not in plan  # the word-level RNN is not needed
+    assert '--systems "rnn-subword rnnsearch cslm-rnnsearch"' in plan
+    r = _make("-n", "BUDGET=1", "SYSTEMS=rnn-subword", "SUBWORDS=16000", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert "--subwords 16000" in r.stdout
 
 
 def test_dry_run_server_mode(tmp_path, shared_data):
@@ -645,17 +676,17 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
     assert r.returncode == 0, r.stderr
     plan = r.stdout
-    assert plan.count("mert-moses.pl") == 12 and plan.count(flag) == 4
-    for system in PAPER_SYSTEMS:
+    assert plan.count("mert-moses.pl") == 21 and plan.count(flag) == 7
+    for system in ALL_SYSTEMS:
         assert f"{w}/systems/{system}/{tuner}-3/tuned.ini" in plan
     assert f"--tuner {tuner} " in plan and f"{w}/report.{tuner}.png" in plan
     assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")
-    assert (plan.count("mt.py positive ") == 12) == (tuner == "mert")
+    assert (plan.count("mt.py positive ") == 21) == (tuner == "mert")
     if tuner == "mert":  # POSITIVE empty: no constraint
         r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
-    assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 12 and "--nbest 300" not in r.stdout
+    assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 21 and "--nbest 300" not in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")

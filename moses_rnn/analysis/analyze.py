@@ -459,7 +459,8 @@ def phrase_vectors(loaded, phrases: Sequence[str], batch: int = 256) -> np.ndarr
     dev = next(model.parameters()).device
     out = []
     for i in range(0, len(phrases), batch):
-        ids = [loaded.src_vocab.encode(p.split()) for p in phrases[i : i + batch]]
+        flat, lens = loaded.src_vocab.encode_phrases(phrases[i : i + batch])
+        ids = [x.tolist() for x in np.split(flat, np.cumsum(lens)[:-1])]
         T = max(len(x) for x in ids)
         src = torch.tensor([x + [0] * (T - len(x)) for x in ids], dtype=torch.long, device=dev)
         mask = torch.tensor([[True] * len(x) + [False] * (T - len(x)) for x in ids], device=dev)

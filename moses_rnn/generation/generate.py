@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from mtcommon.errors import UserError
@@ -64,7 +65,9 @@ class Generator:
 
     def _encode(self, sources: Sequence[str]):
         """Right-padded source ids and mask; the model's context; source lengths."""
-        ids = [self.src_vocab.encode(s.split()) for s in sources]
+        flat, lens = self.src_vocab.encode_phrases(sources)
+        ids = np.split(flat, np.cumsum(lens)[:-1]) if len(sources) else []
+        ids = [x.tolist() for x in ids]
         for i, s in enumerate(ids):
             if not s:
                 raise UserError(f"source phrase {i + 1} is empty")
@@ -92,8 +95,8 @@ class Generator:
         return logp
 
     def _decode(self, rows: torch.Tensor) -> list[str]:
-        words = self.tgt_vocab.decode(r for r in rows.tolist() if r != self.eos)
-        return words
+        """The words that unit ids `rows` spell (subword units joined into words)."""
+        return self.tgt_vocab.join(r for r in rows.tolist() if r != self.eos).split()
 
     @torch.inference_mode()
     def sample(
@@ -200,8 +203,10 @@ class Generator:
                         break
                     if word_l[b][j] == self.eos:
                         if len(finished[b]) < K:
-                            words = self._decode(tokens[b, origin_l[b][j]])
-                            norm = score / (len(words) + 1) if normalize else score
+                            units = tokens[b, origin_l[b][j]]
+                            words = self._decode(units)
+                            # per predicted symbol: the units and </s>
+                            norm = score / (int((units != self.eos).sum()) + 1) if normalize else score
                             finished[b].append(Hypothesis(words, score, norm))
                     elif k < K:
                         new_live[b, k], new_origin[b, k], new_word[b, k] = score, origin_l[b][j], word_l[b][j]

@@ -14,7 +14,7 @@ pictures) call only the methods `PhraseModel` declares here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 import torch
@@ -39,20 +39,40 @@ class ModelConfig:
     # and otherwise uses the paper's single full matrix W_o.
     out_rank: int = 100
     align: int = 0  # RNNsearch only: alignment-model hidden units (0: same as hidden); must be 0 for encdec
+    # What the vocabularies' units are: "words" (shortlists, src.vocab / tgt.vocab) or "sentencepiece"
+    # (subword units, src.spm / tgt.spm, mtcommon.subword), with each model file's SHA-256, checked at load.
+    segmentation: str = "words"
+    src_sha256: str = ""
+    tgt_sha256: str = ""
+
+    SIZES = ("src_vocab", "tgt_vocab", "embed", "hidden", "maxout", "out_rank", "align")
+    SEGMENTATIONS = ("words", "sentencepiece")
 
     def __post_init__(self) -> None:
         """Every field checked (a config may come from a file): a UserError names the first bad one."""
         if self.arch not in ARCHS:
             raise UserError(f"unknown architecture {self.arch!r}; choose from {', '.join(ARCHS)}")
-        for f in fields(self)[1:]:
-            value, least = getattr(self, f.name), 0 if f.name in ("out_rank", "align") else 1
+        for name in self.SIZES:
+            value, least = getattr(self, name), 0 if name in ("out_rank", "align") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise UserError(f"`{f.name}` must be an integer of at least {least}, not {value!r}")
+                raise UserError(f"`{name}` must be an integer of at least {least}, not {value!r}")
         if self.arch != "rnnsearch" and self.align:
             raise UserError(f"`align` sizes the RNNsearch alignment model; an {self.arch!r} config must leave it 0")
+        if self.segmentation not in self.SEGMENTATIONS:
+            raise UserError(f"unknown segmentation {self.segmentation!r}; choose from {', '.join(self.SEGMENTATIONS)}")
+        for name in ("src_sha256", "tgt_sha256"):
+            value = getattr(self, name)
+            subwords = self.segmentation != "words"
+            if not isinstance(value, str) or (subwords and not _is_sha256(value)) or (not subwords and value):
+                raise UserError(f"`{name}` must be {'a SHA-256 in hex' if subwords else 'empty for word units'}, "
+                                f"not {value!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _is_sha256(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 # Encoder-decoder sizes. `paper` is Cho et al.'s supplementary material; the

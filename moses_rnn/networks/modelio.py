@@ -7,6 +7,8 @@ this module adds the phrase models' config, vocabularies and constructor.
     MODEL_DIR/model.safetensors  weights (safetensors: plain tensors, no pickle)
     MODEL_DIR/src.vocab          source shortlist, one `word<TAB>count` per line, in id order
     MODEL_DIR/tgt.vocab          target shortlist, same format
+    MODEL_DIR/src.spm, tgt.spm   instead of the shortlists, for subword units: sentencepiece models
+                                 (mtcommon.subword), whose SHA-256 config.json records
     MODEL_DIR/checkpoint.pt      training state for --resume (loaded with weights_only=True)
 """
 
@@ -19,6 +21,7 @@ from functools import partial
 import torch
 
 from mtcommon import modeldir
+from mtcommon.subword import SubwordVocabulary
 from mtcommon.vocab import Vocabulary
 
 from .model import EncoderDecoder
@@ -27,6 +30,7 @@ from .rnnsearch import RNNSearch
 
 FORMAT = "moses-rnn"
 SRC_VOCAB, TGT_VOCAB = "src.vocab", "tgt.vocab"
+SRC_UNITS, TGT_UNITS = "src.spm", "tgt.spm"
 
 
 ARCHITECTURES: dict[str, type[PhraseModel]] = {"encdec": EncoderDecoder, "rnnsearch": RNNSearch}
@@ -48,10 +52,25 @@ class LoadedModel:
     meta: dict
 
 
+def vocabulary_files(segmentation: str) -> tuple[str, str]:
+    """The file names of the source and target vocabularies of a `segmentation`."""
+    return (SRC_VOCAB, TGT_VOCAB) if segmentation == "words" else (SRC_UNITS, TGT_UNITS)
+
+
 def save_vocabularies(model_dir: str, src_vocab: Vocabulary, tgt_vocab: Vocabulary) -> None:
+    """Both sides' vocabularies, shortlists or sentencepiece models, under their type's names."""
     os.makedirs(model_dir, exist_ok=True)
-    src_vocab.save(os.path.join(model_dir, SRC_VOCAB))
-    tgt_vocab.save(os.path.join(model_dir, TGT_VOCAB))
+    for vocab, name in zip((src_vocab, tgt_vocab), vocabulary_files(src_vocab.kind)):
+        vocab.save(os.path.join(model_dir, name))
+
+
+def segmentation_fields(src_vocab: Vocabulary, tgt_vocab: Vocabulary) -> dict:
+    """The ModelConfig fields that name the vocabularies' units and pin the subword models' contents."""
+    if src_vocab.kind != tgt_vocab.kind:
+        raise ValueError("both sides' vocabularies must be of one type")
+    if src_vocab.kind == "words":
+        return dict(segmentation="words")
+    return dict(segmentation=src_vocab.kind, src_sha256=src_vocab.checksum(), tgt_sha256=tgt_vocab.checksum())
 
 
 def save_model(model_dir: str, model: torch.nn.Module, meta: dict | None = None) -> None:
@@ -64,9 +83,24 @@ def read_config(model_dir: str) -> tuple[ModelConfig, dict]:
 
 
 def load_vocabularies(model_dir: str, cfg: ModelConfig) -> tuple[Vocabulary, Vocabulary]:
-    """The source and target shortlists, of the sizes `cfg` says (else a ModelError)."""
-    return (modeldir.load_vocab(model_dir, SRC_VOCAB, cfg.src_vocab),
-            modeldir.load_vocab(model_dir, TGT_VOCAB, cfg.tgt_vocab))
+    """The source and target vocabularies of the sizes and type `cfg` says (else a ModelError naming the
+    file): shortlists, or sentencepiece models whose SHA-256 must be the one `cfg` records."""
+    if cfg.segmentation == "words":
+        return (modeldir.load_vocab(model_dir, SRC_VOCAB, cfg.src_vocab),
+                modeldir.load_vocab(model_dir, TGT_VOCAB, cfg.tgt_vocab))
+    vocabs = []
+    for name, size, digest in ((SRC_UNITS, cfg.src_vocab, cfg.src_sha256), (TGT_UNITS, cfg.tgt_vocab, cfg.tgt_sha256)):
+        path = os.path.join(model_dir, name)
+        if not os.path.exists(path):
+            raise modeldir.ModelError(path, f"missing: {modeldir.CONFIG} names {cfg.segmentation} units")
+        vocab = SubwordVocabulary.load(path)
+        if vocab.checksum() != digest:
+            raise modeldir.ModelError(path, f"not the segmentation this model was trained with "
+                                            f"(SHA-256 {vocab.checksum()[:12]}..., {modeldir.CONFIG} says {digest[:12]}...)")
+        if len(vocab) != size:
+            raise modeldir.ModelError(path, f"{len(vocab)} units, but {modeldir.CONFIG} says {size}")
+        vocabs.append(vocab)
+    return vocabs[0], vocabs[1]
 
 
 def load_model(model_dir: str, device: str | torch.device = "cpu") -> LoadedModel:

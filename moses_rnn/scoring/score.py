@@ -34,7 +34,7 @@ from mtcommon.modeldir import ModelError
 from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, dtype_name,
                               exit_with_parent, is_big, probe_dtype, resolve_device)
 from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
-from mtcommon.vocab import EOS
+from mtcommon.vocab import EOS, Vocabulary
 
 from ..formats.phrasetable import format_columns, parse_line, parse_window, phrase_key
 from ..networks.modelbase import log_normalizer_
@@ -103,27 +103,20 @@ def bfloat16_copy(model: nn.Module) -> nn.Module:
 
 
 # -- the scorer -------------------------------------------------------------------------------------------------
-def _word_ids(phrases: list[bytes], index: dict[bytes, int], unk: int,
+def _unit_ids(phrases: list[bytes], vocab: Vocabulary,
               end: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Id matrix [phrases, longest (+1 with `end`)] right-padded with -1 (`end` appended to every row),
-    the number of words of each phrase, and how many of them map to `unk`.
+    the number of units of each phrase, and how many of them map to `[UNK]`.
 
     `phrases` are keys as `phrasetable.Window` and `phrase_key` make them: words joined by single
-    spaces. Every pass is C-level: bytes.count and bytes.split, dict.get through map, numpy."""
-    if b"" in phrases:  # an empty phrase (only through the API): no words
-        lens = np.fromiter(map(len, map(bytes.split, phrases)), dtype=np.int64, count=len(phrases))
-        words = itertools.chain.from_iterable(map(bytes.split, phrases))
-    else:
-        lens = np.fromiter(map(bytes.count, phrases, itertools.repeat(b" ")), dtype=np.int64, count=len(phrases)) + 1
-        words = b" ".join(phrases).split(b" ")
-    total = int(lens.sum())
-    ids = np.fromiter(map(index.get, words, itertools.repeat(unk)), dtype=np.int64, count=total)
+    spaces, which `vocab.encode_keys` turns into units (words, or subword units)."""
+    ids, lens = vocab.encode_keys(phrases)
     width = int(lens.max(initial=0)) + (end is not None)
     matrix = np.full((len(phrases), max(width, 1)), -1, dtype=np.int64)
     matrix[np.arange(matrix.shape[1])[None, :] < lens[:, None]] = ids  # row-major: phrase by phrase
     if end is not None:
         matrix[np.arange(len(phrases)), lens] = end
-    unknown = np.bincount(np.repeat(np.arange(len(phrases)), lens)[ids == unk], minlength=len(phrases))
+    unknown = np.bincount(np.repeat(np.arange(len(phrases)), lens)[ids == vocab.unk_id], minlength=len(phrases))
     return matrix, lens, unknown
 
 
@@ -146,9 +139,6 @@ class PhraseScorer:
         self.token_budget = token_budget
         self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab))
         self.eos = self.tgt_vocab.index[EOS]
-        # the shortlists keyed by UTF-8 bytes: table phrases are looked up without decoding
-        self._src_ids = {w.encode("utf-8"): i for i, w in enumerate(self.src_vocab.words)}
-        self._tgt_ids = {w.encode("utf-8"): i for i, w in enumerate(self.tgt_vocab.words)}
         self.distinct_sources = 0  # running counts over all calls, for reports and benchmarks
         self.encoder_tokens = 0
         self.decoder_nodes = 0
@@ -237,8 +227,8 @@ class PhraseScorer:
         tgt_index = dict(zip(dict.fromkeys(targets), itertools.count()))
         pair_src = np.fromiter(map(src_index.__getitem__, sources), dtype=np.int64, count=n)
         pair_tgt = np.fromiter(map(tgt_index.__getitem__, targets), dtype=np.int64, count=n)
-        S, src_len, src_unk = _word_ids(list(src_index), self._src_ids, self.src_vocab.unk_id)
-        T, tgt_len, tgt_unk = _word_ids(list(tgt_index), self._tgt_ids, self.tgt_vocab.unk_id, end=self.eos)
+        S, src_len, src_unk = _unit_ids(list(src_index), self.src_vocab)
+        T, tgt_len, tgt_unk = _unit_ids(list(tgt_index), self.tgt_vocab, end=self.eos)
         self.distinct_sources += len(src_index)
         self.encoder_tokens += int(src_len.sum())
         with autocast(self.device, self.amp):

@@ -9,9 +9,8 @@ why, and how the batch of a step follows from (seed, step): docs/training.md,
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -20,6 +19,8 @@ import torch.nn.functional as F
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
 from mtcommon.trainer import Schedule, Trainer, apply_recipe
+from mtcommon.subword import SubwordVocabulary
+from mtcommon.textio import iter_lines
 from mtcommon.vocab import EOS, Vocabulary
 
 from ..formats.phrasetable import read_phrase_table
@@ -58,23 +59,37 @@ class TrainConfig:
     device: str = "auto"
     threads: int | None = None  # CPU threads; default: tuned while training (runtime.ThreadTuner)
     arch: str = "encdec"  # "encdec" (Cho et al., 2014) or "rnnsearch" (Bahdanau et al., 2015)
+    # Subword units per side (sentencepiece BPE, mtcommon.subword) instead of word shortlists; 0: words.
+    subwords: int = 0
+    # (source text, target text) the units are learned on; None: the table's distinct phrases
+    subword_corpus: tuple[str, str] | None = None
 
     def __post_init__(self):
         apply_recipe(self, RECIPES)
+        if self.subwords and (self.src_vocab or self.tgt_vocab):
+            raise UserError("--subwords sets both sides' unit counts: leave out --src-vocab and --tgt-vocab")
+        if self.subword_corpus and not self.subwords:
+            raise UserError("--subword-corpus needs --subwords")
 
 
 class PairCorpus:
-    """Unique phrase pairs as flat int32 id arrays (target rows end with </s>)."""
+    """Unique phrase pairs as flat int32 id arrays (target rows end with </s>).
 
-    def __init__(self, src: np.ndarray, src_off: np.ndarray, tgt: np.ndarray, tgt_off: np.ndarray):
+    `tgt_words`: each target's words + 1 (its </s>), what held-out perplexity is per, so that word and
+    subword models' perplexities compare; None: the units are words (the same as the rows' lengths)."""
+
+    def __init__(self, src: np.ndarray, src_off: np.ndarray, tgt: np.ndarray, tgt_off: np.ndarray,
+                 tgt_words: np.ndarray | None = None):
         self.src, self.src_off, self.tgt, self.tgt_off = src, src_off, tgt, tgt_off
         self.src_len, self.tgt_len = np.diff(src_off), np.diff(tgt_off)
+        self.tgt_words = self.tgt_len if tgt_words is None else tgt_words
 
     def __len__(self) -> int:
         return len(self.src_off) - 1
 
     def target_tokens(self, index: np.ndarray) -> int:
-        return int(self.tgt_len[index].sum())
+        """The target words (+ one </s> each) of pairs `index`: held-out perplexity's denominator."""
+        return int(self.tgt_words[index].sum())
 
     def padded(self, index: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
         """Right-padded ids [len(index), longest] and the mask of real positions for one side."""
@@ -122,12 +137,29 @@ def build_vocabularies(path: str, src_size: int, tgt_size: int, pairs=None) -> t
     return Vocabulary.build(src_counts, src_size), Vocabulary.build(tgt_counts, tgt_size)
 
 
+def build_subword_vocabularies(path: str, size: int, corpus: tuple[str, str] | None = None, pairs=None,
+                               threads: int = 1) -> tuple[SubwordVocabulary, SubwordVocabulary]:
+    """`size` subword units per side, learned on `corpus` (source and target text, one sentence a
+    line), else on the table's distinct source and target phrases."""
+    if corpus:
+        sides = [[line for _, line in iter_lines(side)] for side in corpus]
+    else:
+        sources, targets = pairs or read_unique_pairs(path)
+        sides = [list(dict.fromkeys(sources)), list(dict.fromkeys(targets))]
+    vocabs = []
+    for lines, name in zip(sides, corpus or (f"{path} (sources)", f"{path} (targets)")):
+        try:
+            vocabs.append(SubwordVocabulary.train(lines, size, threads))
+        except UserError as e:
+            raise UserError(f"{name}: {e}") from None
+    return vocabs[0], vocabs[1]
+
+
 def encode_side(phrases: list[str], vocab: Vocabulary, eos: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Flat int32 ids of all phrases (each followed by `eos` if given) and int64 row offsets."""
-    split = [p.split() for p in phrases]
-    lens = np.fromiter(map(len, split), dtype=np.int64, count=len(split))
-    ids = np.fromiter(vocab.encode(itertools.chain.from_iterable(split)), dtype=np.int32, count=int(lens.sum()))
-    if eos is not None:  # insert </s> after each phrase's last word
+    """Flat int32 ids of all phrases' units (each phrase followed by `eos` if given) and int64 row offsets."""
+    ids, lens = vocab.encode_phrases(phrases)
+    ids = ids.astype(np.int32)
+    if eos is not None:  # insert </s> after each phrase's last unit
         ends = np.cumsum(lens)
         ids = np.insert(ids, ends, eos)
         lens = lens + 1
@@ -140,7 +172,10 @@ def load_corpus(path: str, src_vocab: Vocabulary, tgt_vocab: Vocabulary, pairs=N
     sources, targets = pairs or read_unique_pairs(path)
     src, src_off = encode_side(sources, src_vocab)
     tgt, tgt_off = encode_side(targets, tgt_vocab, eos=tgt_vocab.index[EOS])
-    return PairCorpus(src, src_off, tgt, tgt_off)
+    words = None
+    if tgt_vocab.kind != "words":
+        words = np.fromiter((len(t.split()) + 1 for t in targets), dtype=np.int64, count=len(targets))
+    return PairCorpus(src, src_off, tgt, tgt_off, words)
 
 
 def split_indices(n: int, valid: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -247,11 +282,16 @@ class PairTrainer(Trainer):
             self.model_cfg, _ = modelio.read_config(self.model_dir)
             self.src_vocab, self.tgt_vocab = modelio.load_vocabularies(self.model_dir, self.model_cfg)
         else:
-            self.src_vocab, self.tgt_vocab = build_vocabularies(
-                self.data, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
+            if cfg.subwords:
+                self.src_vocab, self.tgt_vocab = build_subword_vocabularies(
+                    self.data, cfg.subwords, cfg.subword_corpus, pairs)
+            else:
+                self.src_vocab, self.tgt_vocab = build_vocabularies(
+                    self.data, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
             if self.dist.is_main:
                 modelio.save_vocabularies(self.model_dir, self.src_vocab, self.tgt_vocab)
-            self.model_cfg = preset_config(cfg.preset, len(self.src_vocab), len(self.tgt_vocab), cfg.arch)
+            self.model_cfg = replace(preset_config(cfg.preset, len(self.src_vocab), len(self.tgt_vocab), cfg.arch),
+                                     **modelio.segmentation_fields(self.src_vocab, self.tgt_vocab))
         self.corpus = load_corpus(self.data, self.src_vocab, self.tgt_vocab, pairs)
         if len(self.corpus) < 2:
             raise UserError(f"{self.data}: needs at least 2 distinct phrase pairs to train, has {len(self.corpus)}")
