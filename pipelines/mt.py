@@ -333,6 +333,47 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     Path(tmp).replace(output)
 
 
+# the phrase networks the pipeline trains: model folder under WORK -> name in the report
+NETWORKS = {"rnn": "RNN Encoder–Decoder", "rnn-subword": "RNN Encoder–Decoder, subword units", "rnnsearch": "RNNsearch"}
+
+
+def training_curves(work: Path) -> dict[str, list[tuple[int, float]]]:
+    """Held-out perplexity (per target word and </s>) after each evaluation of each phrase network
+    trained under `work`, from its checkpoint.pt (read without running code): name -> [(update, ppl)]."""
+    from mtcommon.trainer import Checkpoint
+
+    curves = {}
+    for folder, name in NETWORKS.items():
+        if (work / folder / "model" / "checkpoint.pt").exists():
+            history = Checkpoint.load(str(work / folder / "model")).loop.history
+            curves[name] = [(e.step, e.valid_ppl) for e in history]
+    return curves
+
+
+def plot_training(curves: dict[str, list[tuple[int, float]]], output: str) -> None:
+    """The held-out perplexity of each network against its updates, one line each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for name, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=2, label=name)
+    ax.set_xlabel("updates (batches of 128 phrase pairs)")
+    ax.set_ylabel("held-out perplexity per target word (+ </s>)")
+    ax.set_yscale("log")
+    ax.set_title("Phrase networks: held-out perplexity while training\n"
+                 "(word models: [UNK] counts as a word, so they read lower than the subword model)", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    Path(tmp).replace(output)
+
+
 def report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
     the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
@@ -395,9 +436,7 @@ def report(args) -> None:
         lines += ["", f"paired bootstrap signature: `{test_signature}`"]
     for description in all_descriptions:
         lines += ["", f"over all tunings: `{description}`"]
-    models = [row for row in (_model_row("RNN Encoder–Decoder", work / "rnn" / "model"),
-                              _model_row("RNN Encoder–Decoder, subword units", work / "rnn-subword" / "model"),
-                              _model_row("RNNsearch", work / "rnnsearch" / "model"),
+    models = [row for row in (*(_model_row(name, work / folder / "model") for folder, name in NETWORKS.items()),
                               _model_row("CSLM", work / "cslm" / "model")) if row]
     if models:
         lines += ["", "| Network | preset | parameters | recipe | training budget | updates | held-out ppl |",
@@ -428,6 +467,11 @@ def report(args) -> None:
                 plot_mert(curves, args.plot, args.label or f"dev BLEU of each {args.tuner} iteration's 1-best output",
                           args.tuner)
                 lines += ["", f"Dev BLEU per {args.tuner} iteration: `{Path(args.plot).name}`"]
+    if args.training_plot:
+        curves = training_curves(work)
+        if curves:
+            plot_training(curves, args.training_plot)
+            lines += ["", f"Held-out perplexity of each phrase network while training: `{Path(args.training_plot).name}`"]
     notes = work / "NOTES.md"
     if notes.exists():
         lines += ["", notes.read_text().strip()]
@@ -567,6 +611,7 @@ def main(argv=None) -> None:
     a.add_argument("--ar-samples", type=int, default=10000, help="samples of the two tests over all tunings")
     a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")
     a.add_argument("--plot", help="PNG of the dev BLEU of every MERT iteration of every tuning")
+    a.add_argument("--training-plot", help="PNG of the phrase networks' held-out perplexity against their updates")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
     a.set_defaults(fn=report)
     a = sub.add_parser("reweight")
