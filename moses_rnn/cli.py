@@ -408,15 +408,17 @@ def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, t
 @click.option("--label", "labels", multiple=True, help="One label per MODEL_DIR [the folder names].")
 @click.option("--title", default="Held-out perplexity", show_default=True)
 @click.option("--reference", type=(str, float), help="A horizontal line: LABEL PERPLEXITY (e.g. KenLM 5-gram 129.0).")
+@click.option("--x", "x", type=click.Choice(["minutes", "updates"]), default="minutes", show_default=True,
+              help="The horizontal axis: training minutes or updates.")
 @fail_cleanly
-def analyze_curves(model_dirs, output, labels, title, reference):
+def analyze_curves(model_dirs, output, labels, title, reference, x):
     """Training curves: held-out perplexity against training time of MODEL_DIRS (either network)."""
     from .analysis.analyze import training_curves, training_history
 
     if labels and len(labels) != len(model_dirs):
         raise click.UsageError(f"{len(labels)} --label for {len(model_dirs)} model directories")
     names = labels or [os.path.basename(os.path.normpath(d)) for d in model_dirs]
-    training_curves([(n, training_history(d)) for n, d in zip(names, model_dirs)], output, title, reference)
+    training_curves([(n, training_history(d)) for n, d in zip(names, model_dirs)], output, title, reference, x=x)
     click.echo(f"{len(model_dirs)} runs -> {output}", err=True)
 
 

@@ -337,41 +337,17 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
 NETWORKS = {"rnn": "RNN Encoder–Decoder", "rnn-subword": "RNN Encoder–Decoder, subword units", "rnnsearch": "RNNsearch"}
 
 
-def training_curves(work: Path) -> dict[str, list[tuple[int, float]]]:
-    """Held-out perplexity (per target word and </s>) after each evaluation of each phrase network
-    trained under `work`, from its checkpoint.pt (read without running code): name -> [(update, ppl)]."""
-    from mtcommon.trainer import Checkpoint
+def plot_training(work: Path, output: str) -> bool:
+    """The held-out perplexity (per target word and </s>) of each phrase network trained under `work`
+    against its updates, from the checkpoints (`moses-rnn analyze curves --x updates`); False if none."""
+    from moses_rnn.analysis.analyze import training_curves, training_history
 
-    curves = {}
-    for folder, name in NETWORKS.items():
-        if (work / folder / "model" / "checkpoint.pt").exists():
-            history = Checkpoint.load(str(work / folder / "model")).loop.history
-            curves[name] = [(e.step, e.valid_ppl) for e in history]
-    return curves
-
-
-def plot_training(curves: dict[str, list[tuple[int, float]]], output: str) -> None:
-    """The held-out perplexity of each network against its updates, one line each."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for name, points in curves.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=2, label=name)
-    ax.set_xlabel("updates (batches of 128 phrase pairs)")
-    ax.set_ylabel("held-out perplexity per target word (+ </s>)")
-    ax.set_yscale("log")
-    ax.set_title("Phrase networks: held-out perplexity while training\n"
-                 "(word models: [UNK] counts as a word, so they read lower than the subword model)", fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = output + ".tmp.png"
-    fig.savefig(tmp)
-    plt.close(fig)
-    Path(tmp).replace(output)
+    runs = [(name, training_history(str(work / folder / "model"))) for folder, name in NETWORKS.items()
+            if (work / folder / "model" / "checkpoint.pt").exists()]
+    if runs:
+        training_curves(runs, output, "Phrase networks: held-out perplexity per target word\n"
+                                      "(a word model's [UNK] is one easy word: its figure reads low)", x="updates")
+    return bool(runs)
 
 
 def report(args) -> None:
@@ -467,11 +443,8 @@ def report(args) -> None:
                 plot_mert(curves, args.plot, args.label or f"dev BLEU of each {args.tuner} iteration's 1-best output",
                           args.tuner)
                 lines += ["", f"Dev BLEU per {args.tuner} iteration: `{Path(args.plot).name}`"]
-    if args.training_plot:
-        curves = training_curves(work)
-        if curves:
-            plot_training(curves, args.training_plot)
-            lines += ["", f"Held-out perplexity of each phrase network while training: `{Path(args.training_plot).name}`"]
+    if args.training_plot and plot_training(work, args.training_plot):
+        lines += ["", f"Held-out perplexity of each phrase network while training: `{Path(args.training_plot).name}`"]
     notes = work / "NOTES.md"
     if notes.exists():
         lines += ["", notes.read_text().strip()]

@@ -145,6 +145,26 @@ def test_training_curves_read_the_checkpoint_history(tiny_model, tmp_path):
     r = CliRunner().invoke(main, ["analyze", "curves", str(tiny_model), "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:8] == PNG
+    out.unlink()
+    r = CliRunner().invoke(main, ["analyze", "curves", str(tiny_model), "-o", str(out), "--x", "updates"])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == PNG
+
+
+def test_the_pipeline_report_draws_each_phrase_networks_curve(tiny_model, tmp_path):
+    import shutil
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
+    import mt
+
+    work = tmp_path / "w"
+    assert not mt.plot_training(work, str(tmp_path / "none.png"))  # no network trained yet: no picture
+    for folder in ("rnn", "rnnsearch"):
+        shutil.copytree(tiny_model, work / folder / "model")
+    out = tmp_path / "training.png"
+    assert mt.plot_training(work, str(out)) and out.read_bytes()[:8] == PNG
 
 
 def test_a_label_goes_to_the_first_free_corner_or_nowhere():

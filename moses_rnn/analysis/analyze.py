@@ -489,24 +489,27 @@ def training_history(model_dir: str) -> list[Evaluation]:
 
 
 def training_curves(runs: Sequence[tuple[str, list[Evaluation]]], output: str, title: str = "Held-out perplexity",
-                    reference: tuple[str, float] | None = None, log_y: bool = True) -> None:
-    """Held-out perplexity against training minutes, one line per (label, history) run.
+                    reference: tuple[str, float] | None = None, log_y: bool = True, x: str = "minutes") -> None:
+    """Held-out perplexity against training minutes (`x="updates"`: against updates), one line per
+    (label, history) run.
 
     `reference` (label, perplexity) draws a horizontal line, e.g. a KenLM
     5-gram's perplexity on the same held-out tokens.
     """
+    if x not in ("minutes", "updates"):
+        raise ValueError(f"x must be 'minutes' or 'updates', not {x!r}")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, history in runs:
         if not history:
             raise UserError(f"run {label!r} has no held-out evaluation yet")
-        ax.plot([h.train_seconds / 60 for h in history], [h.valid_ppl for h in history], marker="o",
-                markersize=3, label=label)
+        ax.plot([h.train_seconds / 60 if x == "minutes" else h.step for h in history],
+                [h.valid_ppl for h in history], marker="o", markersize=3, label=label)
     if reference is not None:
         ax.axhline(reference[1], color="grey", linestyle="--", label=f"{reference[0]} ({reference[1]:.1f})")
     if log_y:
         ax.set_yscale("log")
-    ax.set_xlabel("training minutes (steps only, evaluation excluded)")
+    ax.set_xlabel("training minutes (steps only, evaluation excluded)" if x == "minutes" else "updates")
     ax.set_ylabel("held-out perplexity per word")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
