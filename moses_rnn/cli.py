@@ -422,6 +422,41 @@ def analyze_curves(model_dirs, output, labels, title, reference, x):
     click.echo(f"{len(model_dirs)} runs -> {output}", err=True)
 
 
+@analyze.command("columns")
+@click.argument("tables", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", default="-", show_default=True, help="Markdown file ('-': stdout).")
+@click.option("--label", "labels", multiple=True, help="One label per TABLE [the file names].")
+@click.option("--tm-column", type=click.IntRange(min=0), default=2, show_default=True,
+              help="0-based score column of p(e|f) (Moses: 2).")
+@click.option("--min-words", type=click.IntRange(min=1), default=5, show_default=True,
+              help="A long source phrase has at least this many words.")
+@click.option("--examples", type=click.IntRange(min=0), default=6, show_default=True,
+              help="Example sources of each kind (long; with a shortlist miss).")
+@click.option("--seed", type=SEED, default=1, show_default=True)
+@fail_cleanly
+def analyze_columns(tables, output, labels, tm_column, min_words, examples, seed):
+    """Compare the RNN columns of TABLES: one phrase table scored by different models, the word-level
+    RNN's first (with --unknown, which marks its shortlist misses). Pearson r with p(e|f), the
+    sources whose best target differs, and Table 2-style examples, as Markdown."""
+    from mtcommon.textio import atomic_output
+
+    from .analysis.columns import compare_columns
+
+    if len(tables) < 2:
+        raise click.UsageError("give two or more scored tables")
+    if labels and len(labels) != len(tables):
+        raise click.UsageError(f"{len(labels)} --label for {len(tables)} tables")
+    names = labels or [os.path.basename(t) for t in tables]
+    result = compare_columns(tables, names, tm_column, min_words, examples, seed=seed)
+    text = result.markdown(min_words).encode("utf-8")
+    if output == "-":
+        click.get_binary_stream("stdout").write(text)
+    else:
+        with atomic_output(output, compress=False) as out:
+            out.write(text)
+    click.echo(f"{result.pairs:,} pairs compared", err=True)
+
+
 @analyze.command("scatter")
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @_with_columns

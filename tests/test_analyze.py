@@ -222,3 +222,52 @@ def test_every_picture_has_a_title_axis_names_and_a_key(monkeypatch, scored_tabl
     assert [t.get_text() for t in scatter.axes[0].get_legend().get_texts()] == ["one phrase pair"]
     assert len(word_map.axes[0].get_legend().get_texts()) == 2
     assert len(alignment.axes) == 2 and "alignment weight" in alignment.axes[1].get_ylabel()  # the colour bar
+
+
+def test_columns_compare_tables_scored_by_different_models(example_table, tmp_path):
+    """`analyze columns`: Pearson r of each column with p(e|f) (as numpy computes it), over all pairs and over
+    the shortlist misses the first table's unknown-word column marks; examples where the best targets differ."""
+    import math
+
+    import numpy as np
+
+    from moses_rnn.analysis.columns import compare_columns
+    from moses_rnn.formats.phrasetable import read_phrase_table
+
+    runner = CliRunner()
+    tables = []
+    for name, extra in (("words", ["--src-vocab", "12", "--tgt-vocab", "12"]), ("units", ["--subwords", "300"])):
+        model = tmp_path / name
+        r = runner.invoke(main, ["train", str(example_table), "-o", str(model), "--preset", "tiny", "--max-steps", "4",
+                                 "--valid-pairs", "20", "--quiet", *extra])
+        assert r.exit_code == 0, r.output
+        tables.append(str(tmp_path / f"{name}.gz"))
+        r = runner.invoke(main, ["score", str(example_table), "-m", str(model), "-o", tables[-1], "--quiet",
+                                 *(["--unknown"] if name == "words" else [])])
+        assert r.exit_code == 0, r.output
+    result = compare_columns(tables, ["RNN", "subword RNN"], min_words=3, examples=4)
+    words, units = list(read_phrase_table(tables[0])), list(read_phrase_table(tables[1]))
+    x = np.log([p.scores[2] for p in words])
+    ys = [np.log([p.scores[4] for p in words]), np.log([p.scores[4] for p in units])]
+    miss = np.array([round(math.log(p.scores[5])) > 0 for p in words])
+    assert result.pairs == len(words) == 404 and 0 < miss.sum() < len(words)
+    for key, rows in (("all", slice(None)), ("shortlist miss", miss)):
+        assert result.groups[key].n == len(x[rows])
+        expected = [np.corrcoef(x[rows], y[rows])[0, 1] for y in ys]
+        assert result.groups[key].pearson() == pytest.approx(expected, abs=1e-9)
+    assert result.examples and all(e.by_column[0][0][0] != e.by_column[1][0][0] for e in result.examples)
+    out = tmp_path / "columns.md"
+    r = runner.invoke(main, ["analyze", "columns", *tables, "--label", "RNN", "--label", "subword", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "r(subword, p(e\\|f))" in out.read_text()
+    # tables that do not hold the same pairs line by line
+    r = runner.invoke(main, ["analyze", "columns", tables[0], str(tmp_path / "short.gz")])
+    assert r.exit_code != 0
+    import gzip
+
+    with gzip.open(tables[1], "rt") as f:
+        head = f.readlines()[:100]
+    with gzip.open(tmp_path / "short.gz", "wt") as f:
+        f.writelines(head)
+    r = runner.invoke(main, ["analyze", "columns", tables[0], str(tmp_path / "short.gz")])
+    assert r.exit_code != 0 and "short.gz" in r.output and "not the same table" in r.output
