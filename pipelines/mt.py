@@ -350,6 +350,53 @@ def plot_training(work: Path, output: str) -> bool:
     return bool(runs)
 
 
+def column_weights(work: Path, systems: list[str], tuner: str = "mert") -> list[str]:
+    """Markdown rows: for each tuning of each system with a network column (the 5th score of
+    TranslationModel0), its tuned weight and that weight's share of the sum of all weights'
+    absolute values, and the CSLM's weight where the system has one."""
+    from moses_rnn.formats.mosesini import MosesIni
+
+    rows = []
+    for system in systems:
+        for name, run in _runs(work, system, tuner).items():
+            if not (run / "tuned.ini").exists():
+                continue
+            ini = MosesIni.read(str(run / "tuned.ini"))
+            weights = {n: ini.weights(n) or [] for n in ini.weight_names()}
+            tm = weights.get("TranslationModel0", [])
+            if len(tm) < 5:
+                continue
+            total = sum(abs(w) for ws in weights.values() for w in ws)
+            cslm = weights.get("CSLM0")
+            rows.append(f"| {LABELS.get(system, system)} {name} | {tm[4]:.4f} | {abs(tm[4]) / total:.1%} | "
+                        f"{f'{cslm[0]:.4f} ({abs(cslm[0]) / total:.1%})' if cslm else '–'} |")
+    return rows
+
+
+def shortlist_miss_bleu(work: Path, systems: list[str], tuner: str, test_src: Path, test_ref: Path,
+                        shortlist: Path) -> tuple[int, list[str]]:
+    """(the test sentences with a source word outside `shortlist` (a saved vocabulary), Markdown rows:
+    each system's BLEU on those sentences alone, mean ± sd over its tunings, scored as the table is)."""
+    from sacrebleu.metrics import BLEU
+
+    from mtcommon.vocab import Vocabulary
+
+    vocab = Vocabulary.load(str(shortlist))
+    chosen = [i for i, line in enumerate(_lines(test_src)) if any(w not in vocab for w in line.split())]
+    reference = _lines(test_ref)
+    refs = [[reference[i] for i in chosen]]
+    rows = []
+    for system in systems:
+        scores = []
+        for run in _runs(work, system, tuner).values():
+            if (run / "test.detok").exists():
+                out = _lines(run / "test.detok")
+                scores.append(BLEU(lowercase=True).corpus_score([out[i] for i in chosen], refs).score)
+        if scores:
+            rows.append(f"| {LABELS.get(system, system)} | {len(scores)} | {_mean_sd(scores)} |")
+    return len(chosen), rows
+
+
 def report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
     the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
@@ -443,6 +490,17 @@ def report(args) -> None:
                 plot_mert(curves, args.plot, args.label or f"dev BLEU of each {args.tuner} iteration's 1-best output",
                           args.tuner)
                 lines += ["", f"Dev BLEU per {args.tuner} iteration: `{Path(args.plot).name}`"]
+    weights = column_weights(work, systems, args.tuner)
+    if weights:
+        lines += ["", "Tuned weights of the network columns (and their share of the sum of all weights' absolute "
+                  "values):", "", "| Tuning | network column | share | CSLM (share) |", "|---|---:|---:|---:|", *weights]
+    if args.shortlist and Path(args.shortlist).exists() and args.test_src and args.test_ref:
+        count, rows = shortlist_miss_bleu(work, systems, args.tuner, Path(args.test_src), Path(args.test_ref),
+                                          Path(args.shortlist))
+        if rows:
+            lines += ["", f"BLEU on the {count:,} test sentences with a source word outside the word-level RNN's "
+                      f"shortlist (`{Path(args.shortlist).name}`), scored as above:", "",
+                      "| Models | tunings | BLEU test, those sentences |", "|---|---:|---:|", *rows]
     if args.training_plot and plot_training(work, args.training_plot):
         lines += ["", f"Held-out perplexity of each phrase network while training: `{Path(args.training_plot).name}`"]
     notes = work / "NOTES.md"
@@ -585,6 +643,9 @@ def main(argv=None) -> None:
     a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")
     a.add_argument("--plot", help="PNG of the dev BLEU of every MERT iteration of every tuning")
     a.add_argument("--training-plot", help="PNG of the phrase networks' held-out perplexity against their updates")
+    a.add_argument("--test-src", help="the tokenized test sources (test.SRC): with --shortlist and --test-ref, BLEU on "
+                                      "the sentences with a word outside the shortlist")
+    a.add_argument("--shortlist", help="the word-level RNN's source vocabulary (rnn/model/src.vocab); skipped if absent")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
     a.set_defaults(fn=report)
     a = sub.add_parser("reweight")
