@@ -129,7 +129,7 @@ def test_dry_run_new_systems(tmp_path):
     assert f"--path {w}/rnnsearch/phrase-table.rnn.gz -o {w}/systems/rnnsearch/moses.ini.tmp" in plan
     assert f"ini add-feature {w}/systems/rnnsearch/moses.ini CSLM name=CSLM0" in plan
     assert f"ini weight {w}/systems/cslm-rnnsearch/moses.ini.tmp LM0 0.4" in plan
-    assert plan.count("mert-moses.pl") == 9 and "/rnn/model" not in plan  # the word-level RNN is not needed
+    assert plan.count("mert-moses.pl") == 9 and f"-o {w}/rnn/model" not in plan  # the word-level RNN is not trained
     assert '--systems "rnn-subword rnnsearch cslm-rnnsearch"' in plan
     r = _make("-n", "BUDGET=1", "SYSTEMS=rnn-subword", "SUBWORDS=16000", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
