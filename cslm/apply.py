@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from mtcommon import nbest
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError, atomic_output, iter_lines
 from mtcommon.vocab import BOS, EOS
@@ -199,31 +200,17 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
 
 def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM0", window: int = 5000,
                   progress: bool = True) -> dict:
-    """Append `<feature>= <sum ln P> <unknown words>` to each hypothesis's scores.
-
-    Moses n-best lines are `id ||| hypothesis ||| feature scores ||| total[ ||| ...]`;
-    the new feature goes at the end of the scores field, everything else is
-    kept byte for byte (the total too: MERT recomputes it from the weights).
-    """
+    """Append `<feature>= <sum ln P> <unknown words>` to each hypothesis's scores (`mtcommon.nbest`:
+    everything else is kept byte for byte, the total too: the tuner recomputes it from the weights)."""
     count = 0
     with atomic_output(output) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True) as bar:
-        for win in _windows(path, window):
-            fields = []
-            for lineno, line in win:
-                f = line.split(" ||| ")
-                if len(f) < 4:
-                    raise InputError(path, lineno, "not a Moses n-best line (id ||| hypothesis ||| scores ||| total)")
-                fields.append(f)
-            results = backend.score_sentences([f[1].split() for f in fields])
-            text = []
-            for f, (lp, fl) in zip(fields, results):
-                s = float(np.sum(lp, dtype=np.float64))
-                u = int(np.count_nonzero(fl[:-1] & UNKNOWN))
-                f[2] = f"{f[2].rstrip()} {feature}= {fmt(s)} {u}"
-                text.append(" ||| ".join(f) + "\n")
-            out.write("".join(text).encode("utf-8"))
-            count += len(win)
-            bar.update(len(win))
+        for hyps in nbest.windows(path, window):
+            results = backend.score_sentences([h.text.split() for h in hyps])
+            values = [(float(np.sum(lp, dtype=np.float64)), int(np.count_nonzero(fl[:-1] & UNKNOWN)))
+                      for lp, fl in results]
+            nbest.write(out, hyps, feature, values)
+            count += len(hyps)
+            bar.update(len(hyps))
     return {"hypotheses": count, "feature": feature}
 
 

@@ -26,7 +26,13 @@ def main():
 
 
 @main.command()
-@click.argument("table", type=click.Path(dir_okay=False))
+@click.argument("table", required=False, type=click.Path(dir_okay=False))
+@click.option("--corpus", nargs=2, type=click.Path(exists=True, dir_okay=False), metavar="SRC TGT",
+              help="Train on the sentence pairs of a tokenized parallel corpus (one sentence a line) instead of "
+                   "a phrase table's unique phrase pairs.")
+@click.option("--max-len", type=click.IntRange(min=0), default=0,
+              help="With --corpus: leave out pairs with more words than this on a side (the paper: 30, 50); "
+                   "0: no limit.  [default: 0]")
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
 @click.option("--arch", default="encdec", show_default=True, type=click.Choice(ARCHS),
@@ -65,9 +71,10 @@ def main():
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
-def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, subwords, subword_corpus, recipe, max_steps, max_minutes, batch_size, optimizer,
+def train(table, corpus, max_len, model_dir, preset, arch, src_vocab, tgt_vocab, subwords, subword_corpus, recipe, max_steps, max_minutes, batch_size, optimizer,
           lr, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume, quiet):
-    """Train on the unique phrase pairs of a Moses phrase table TABLE.
+    """Train on the unique phrase pairs of a Moses phrase table TABLE, or on the sentence pairs of a
+    parallel corpus (--corpus SRC TGT).
 
     Data-parallel on several processes or machines with torchrun, e.g.
     `torchrun --nproc-per-node 2 $(which moses-rnn) train TABLE -o MODEL`.
@@ -78,7 +85,8 @@ def train(table, model_dir, preset, arch, src_vocab, tgt_vocab, subwords, subwor
                       optimizer=optimizer, lr=lr, sampled_softmax=sampled_softmax, bucket=bucket, dtype=dtype,
                       max_steps=max_steps, max_minutes=max_minutes, clip=clip, seed=seed,
                       valid_pairs=valid_pairs, eval_every=eval_every, device=device, threads=threads,
-                      arch=arch, subwords=subwords, subword_corpus=tuple(subword_corpus) if subword_corpus else None)
+                      arch=arch, subwords=subwords, subword_corpus=tuple(subword_corpus) if subword_corpus else None,
+                      corpus=tuple(corpus) if corpus else None, max_len=max_len)
     summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet)
     if summary["rank"] == 0:
         click.echo(json.dumps(summary, indent=2), err=True)
@@ -315,28 +323,55 @@ def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk,
 @click.option("-k", "--beam", default=5, show_default=True, help="Beam width.")
 @click.option("--n-best", default=1, show_default=True,
               help="Targets per phrase; above 1 the output is 'index ||| target ||| score' lines.")
-@click.option("--normalize", is_flag=True, help="Rank by log p per target symbol (words + </s>).")
+@click.option("--normalize", is_flag=True, help="Rank by log p per target symbol (units + </s>).")
+@click.option("--replace-unk", is_flag=True,
+              help="Replace each [UNK] of a translation by the source word its attention weighs most (RNNsearch).")
 @fail_cleanly
 def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
-              beam, n_best, normalize):
-    """Beam-search the best target of each source phrase (one line out per phrase in)."""
-    from mtcommon.textio import atomic_output
+              beam, n_best, normalize, replace_unk):
+    """Beam-search the best target of each source phrase or sentence: one line out per line in, in order
+    (an empty line gives an empty line); streamed, so a file of any size works."""
+    from .generation.translate import read_lines, translate_lines
 
-    sources = _sources(phrases, input_file)
+    if bool(phrases) == bool(input_file):
+        raise click.UsageError("give source phrases as arguments or with -i FILE (one of the two)")
+    if not 1 <= n_best <= beam:
+        raise click.BadParameter(f"must be between 1 and the beam ({beam})", param_hint="--n-best")
     gen = _generator(model_dir, device)
-    index = 0
-    with atomic_output(output) as out:
-        for part in _in_batches(sources, batch, quiet, "translating"):
-            results = gen.beam_search(part, beam=beam, n_best=n_best, len_ratio=len_ratio, len_extra=len_extra,
-                                      normalize=normalize, allow_unk=not no_unk)
-            lines = []
-            for hyps in results:
-                if n_best == 1:
-                    lines.append(hyps[0].text + "\n")
-                else:
-                    lines += [f"{index} ||| {h.text} ||| {h.score:.4f}\n" for h in hyps]
-                index += 1
-            out.write("".join(lines).encode("utf-8"))
+    stats = translate_lines(gen, phrases or read_lines(input_file), output, beam=beam, n_best=n_best,
+                            normalize=normalize, allow_unk=not no_unk, replace_unk=replace_unk, batch=batch,
+                            len_ratio=len_ratio, len_extra=len_extra, progress=not quiet)
+    if not quiet:
+        rate = stats.translated / max(stats.seconds, 1e-9)
+        click.echo(f"{stats.lines} lines ({stats.translated} translated, {rate:.1f}/s)"
+                   + (f", {stats.unknown_replaced} [UNK] replaced" if replace_unk else ""), err=True)
+
+
+@main.command("rescore-nbest")
+@click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--source", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The tokenized source sentences the list translates, one a line (ids count from 0).")
+@click.option("-o", "--output", required=True, help="Rescored n-best list ('-' for stdout).")
+@click.option("--feature", default="RNN0", show_default=True, help="The feature's name in the list.")
+@click.option("--unknown", is_flag=True, help="Also the count of units outside the model's vocabularies.")
+@click.option("--device", default="auto", show_default=True, callback=check_device)
+@click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "auto"]))
+@click.option("--threads", type=THREADS, help="CPU threads [by the model's size].")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@fail_cleanly
+def rescore_nbest(nbest, model_dir, source, output, feature, unknown, device, dtype, threads, quiet):
+    """Add `FEATURE= <log p(hypothesis | source)>` to every hypothesis of a Moses n-best list NBEST."""
+    from mtcommon.runtime import configure_threads
+    from .scoring.nbest import rescore_nbest as run
+    from .scoring.score import PhraseScorer
+
+    require_model_dir(model_dir, "moses-rnn")
+    scorer = PhraseScorer.from_dir(model_dir, device=device, dtype=dtype)
+    configure_threads(scorer.device, threads, scorer.model.config)
+    stats = run(scorer, source, nbest, output, feature=feature, unknown=unknown, progress=not quiet)
+    if not quiet:
+        click.echo(f"{stats.hypotheses} hypotheses of {stats.sentences} sentences -> {output}", err=True)
 
 
 @main.command()

@@ -9,6 +9,7 @@ why, and how the batch of a step follows from (seed, step): docs/training.md,
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -61,8 +62,11 @@ class TrainConfig:
     arch: str = "encdec"  # "encdec" (Cho et al., 2014) or "rnnsearch" (Bahdanau et al., 2015)
     # Subword units per side (sentencepiece BPE, mtcommon.subword) instead of word shortlists; 0: words.
     subwords: int = 0
-    # (source text, target text) the units are learned on; None: the table's distinct phrases
+    # (source text, target text) the units are learned on; None: the training pairs' text
     subword_corpus: tuple[str, str] | None = None
+    # Sentence pairs instead of a phrase table: (source text, target text), tokenized, one sentence a line
+    corpus: tuple[str, str] | None = None
+    max_len: int = 0  # with `corpus`: pairs with a side of more words left out; 0: no limit
 
     def __post_init__(self):
         apply_recipe(self, RECIPES)
@@ -70,6 +74,10 @@ class TrainConfig:
             raise UserError("--subwords sets both sides' unit counts: leave out --src-vocab and --tgt-vocab")
         if self.subword_corpus and not self.subwords:
             raise UserError("--subword-corpus needs --subwords")
+        if self.max_len and not self.corpus:
+            raise UserError("--max-len is for sentence pairs (--corpus)")
+        if not isinstance(self.max_len, int) or self.max_len < 0:
+            raise UserError(f"--max-len must be a whole number of words, not {self.max_len!r}")
 
 
 class PairCorpus:
@@ -124,6 +132,25 @@ def read_unique_pairs(path: str) -> tuple[list[str], list[str]]:
         seen.add(key)
         sources.append(pair.source)
         targets.append(pair.target)
+    return sources, targets
+
+
+def read_corpus_pairs(src: str, tgt: str, max_len: int = 0) -> tuple[list[str], list[str]]:
+    """The sentence pairs of a parallel corpus (tokenized, one sentence a line, the two files line by
+    line parallel), in order, duplicates kept (a sentence's frequency is data, unlike a phrase table's
+    unique pairs): a pair with an empty side, or with more than `max_len` words on a side (0: no
+    limit), is left out. Files of different lengths are a UserError naming both."""
+    sources, targets = [], []
+    lines = itertools.zip_longest(iter_lines(src), iter_lines(tgt))
+    for count, (a, b) in enumerate(lines):
+        if a is None or b is None:
+            rest = 1 + sum(1 for _ in lines)
+            longer, shorter = (src, tgt) if b is None else (tgt, src)
+            raise UserError(f"{longer} has {count + rest} lines but {shorter} only {count}: not a parallel corpus")
+        s, t = a[1].split(), b[1].split()
+        if s and t and (not max_len or (len(s) <= max_len and len(t) <= max_len)):
+            sources.append(" ".join(s))
+            targets.append(" ".join(t))
     return sources, targets
 
 
@@ -277,14 +304,18 @@ class PairTrainer(Trainer):
     def prepare(self) -> Schedule:
         cfg = self.cfg
         vocab = preset_vocab(cfg.preset, cfg.arch)  # checks the preset's name first
-        pairs = read_unique_pairs(self.data)
+        if cfg.corpus:
+            cfg.corpus = tuple(cfg.corpus)  # a list once read back from a checkpoint
+            pairs = read_corpus_pairs(*cfg.corpus, cfg.max_len)
+        else:
+            pairs = read_unique_pairs(self.data)
         if self.resumed:
             self.model_cfg, _ = modelio.read_config(self.model_dir)
             self.src_vocab, self.tgt_vocab = modelio.load_vocabularies(self.model_dir, self.model_cfg)
         else:
             if cfg.subwords:
                 self.src_vocab, self.tgt_vocab = build_subword_vocabularies(
-                    self.data, cfg.subwords, cfg.subword_corpus, pairs)
+                    self.data, cfg.subwords, cfg.subword_corpus or cfg.corpus, pairs)
             else:
                 self.src_vocab, self.tgt_vocab = build_vocabularies(
                     self.data, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
@@ -294,7 +325,8 @@ class PairTrainer(Trainer):
                                      **modelio.segmentation_fields(self.src_vocab, self.tgt_vocab))
         self.corpus = load_corpus(self.data, self.src_vocab, self.tgt_vocab, pairs)
         if len(self.corpus) < 2:
-            raise UserError(f"{self.data}: needs at least 2 distinct phrase pairs to train, has {len(self.corpus)}")
+            what = "sentence pairs (within --max-len)" if cfg.corpus else "distinct phrase pairs"
+            raise UserError(f"{self.data}: needs at least 2 {what} to train, has {len(self.corpus)}")
         self.train_idx, self.valid_idx = split_indices(len(self.corpus), cfg.valid_pairs, cfg.seed)
         if cfg.bucket:
             self.order = BucketedBatches(self.corpus, self.train_idx, cfg.batch_size, cfg.seed)
@@ -347,16 +379,22 @@ class PairTrainer(Trainer):
         modelio.save_model(self.model_dir, model, meta)
 
     def describe(self) -> dict:
-        return {"table": self.data, "pairs": len(self.corpus), "train_pairs": len(self.train_idx),
-                "valid_pairs": len(self.valid_idx)}
+        """The data; `valid_target_words` (words + </s> of the held-out targets) turns held-out perplexity
+        into held-out NLL per pair: ln(ppl) * valid_target_words / valid_pairs."""
+        data = {"corpus": list(self.cfg.corpus), "max_len": self.cfg.max_len} if self.cfg.corpus else {"table": self.data}
+        return {**data, "pairs": len(self.corpus), "train_pairs": len(self.train_idx),
+                "valid_pairs": len(self.valid_idx), "valid_target_words": self.corpus.target_tokens(self.valid_idx)}
 
 
-def train(table: str, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,
+def train(table: str | None, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,
           trace: bool = False) -> dict:
-    """Train (or resume) a model on `table` into `model_dir`; returns a summary.
+    """Train (or resume) a model on the unique phrase pairs of `table`, or on the sentence pairs of
+    `cfg.corpus` (then `table` is None), into `model_dir`; returns a summary.
 
     The summary has `pairs_seen` and `train_seconds` (time spent in training
     steps), held-out perplexities with their step and training time
     (`valid_ppl_history`) and, with `trace`, the loss of every step.
     """
-    return PairTrainer(table, model_dir, cfg, resume, progress, trace).run()
+    if (table is None) == (cfg.corpus is None):
+        raise UserError("train on a phrase table or on a corpus (--corpus SRC TGT), not both or neither")
+    return PairTrainer(table or cfg.corpus[0], model_dir, cfg, resume, progress, trace).run()

@@ -1,0 +1,75 @@
+"""Moses n-best lists: read them in windows, add a feature to each hypothesis, write them back.
+
+A line is `id ||| hypothesis ||| feature scores ||| total[ ||| more fields]` (Moses's
+`-n-best-list`, what mert-moses.pl's `extractor` reads). A rescorer appends
+`NAME= value ...` at the end of the feature scores; every other byte of the line is
+kept, the total too (the tuner recomputes it from the weights). Both rescorers,
+`cslm rescore-nbest` and `moses-rnn rescore-nbest`, read and write lists through here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator, Sequence
+
+from .errors import UserError
+from .textio import InputError, iter_lines
+
+SEPARATOR = " ||| "
+
+
+@dataclass
+class Hypothesis:
+    """One n-best line, split at ` ||| `: `fields[0]` the sentence id, `fields[1]` the hypothesis,
+    `fields[2]` the feature scores, `fields[3]` the total, then any further fields."""
+
+    lineno: int
+    fields: list[str]
+
+    @property
+    def sentence(self) -> int:
+        return int(self.fields[0])
+
+    @property
+    def text(self) -> str:
+        return self.fields[1]
+
+    def with_feature(self, name: str, values: Sequence[float | int]) -> str:
+        """The line (newline included) with `name= values...` after its feature scores."""
+        fields = list(self.fields)
+        fields[2] = f"{fields[2].rstrip()} {name}= {' '.join(_fmt(v) for v in values)}"
+        return SEPARATOR.join(fields) + "\n"
+
+
+def _fmt(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        raise UserError(f"a non-finite feature value ({value!r}): the model's scores are broken")
+    return f"{value:.6f}"
+
+
+def parse(line: str, path: str, lineno: int) -> Hypothesis:
+    """One n-best line (without its newline); an InputError naming the file and line if it is not one."""
+    fields = line.split(SEPARATOR)
+    if len(fields) < 4 or not fields[0].strip().isdigit():
+        raise InputError(path, lineno, "not a Moses n-best line (id ||| hypothesis ||| scores ||| total)")
+    return Hypothesis(lineno, fields)
+
+
+def windows(path: str, size: int) -> Iterator[list[Hypothesis]]:
+    """The list's hypotheses, `size` at a time, each line checked (`parse`)."""
+    window = []
+    for lineno, line in iter_lines(path):
+        window.append(parse(line, path, lineno))
+        if len(window) >= size:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def write(out: BinaryIO, hypotheses: Sequence[Hypothesis], name: str, values: Sequence[Sequence[float | int]]) -> None:
+    """Each hypothesis's line with feature `name` (its values, one sequence per hypothesis)."""
+    out.write("".join(h.with_feature(name, v) for h, v in zip(hypotheses, values, strict=True)).encode("utf-8"))
