@@ -35,6 +35,20 @@ class Hypothesis:
     def text(self) -> str:
         return self.fields[1]
 
+    def features(self) -> list[tuple[str, float]]:
+        """The dense feature scores, each named as Moses's `extractor` names them: `NAME_i` for the
+        i-th score after `NAME=`. A value that is not a number is a ValueError."""
+        out, name, index = [], None, 0
+        for token in self.fields[2].split():
+            if token.endswith("="):
+                name, index = token[:-1], 0
+                continue
+            if name is None:
+                raise ValueError(f"score {token!r} before any feature name")
+            out.append((f"{name}_{index}", float(token)))
+            index += 1
+        return out
+
     def with_feature(self, name: str, values: Sequence[float | int]) -> str:
         """The line (newline included) with `name= values...` after its feature scores."""
         fields = list(self.fields)

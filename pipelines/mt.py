@@ -27,7 +27,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from mtcommon.textio import InputError, atomic_output, iter_lines
+from mtcommon.errors import UserError
+from mtcommon.textio import atomic_output, iter_lines
 
 # the report's names of the systems of pipelines/Makefile (SYSTEMS there); another name is shown as it is
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP",
@@ -566,6 +567,22 @@ def best_iteration(args) -> None:
     print(best)
 
 
+# ---- reranking (rerank.py): tune the weights of a rescored dev n-best list, apply them --------
+
+def rerank_tune(args) -> None:
+    import rerank
+
+    rerank.tune(args.nbest, args.ref, args.ini, args.moses, args.output, seed=args.seed,
+                positive=args.positive.split(), restarts=args.restarts)
+
+
+def rerank_apply(args) -> None:
+    import rerank
+
+    sentences = sum(1 for _ in iter_lines(args.source))
+    _write_lines(args.output, rerank.rerank(args.nbest, rerank.read_weights(args.weights), sentences))
+
+
 # What a run of the pipeline calls, checked before its first step (preflight):
 # Moses's programs and scripts, by tuner and by step, and the Python packages.
 MOSES_NEEDS = ["bin/moses", "bin/lmplz", "bin/build_binary", "bin/extract", "bin/score", "bin/consolidate",
@@ -630,6 +647,22 @@ def main(argv=None) -> None:
     a.add_argument("output")
     a.add_argument("--lang", required=True)
     a.set_defaults(fn=detok)
+    a = sub.add_parser("rerank-tune", help="weights for a rescored dev n-best list (Moses's extractor and mert)")
+    a.add_argument("nbest")
+    a.add_argument("--ref", required=True, help="the tokenized dev references")
+    a.add_argument("--ini", required=True, help="the tuned moses.ini: the starting weights")
+    a.add_argument("--moses", required=True)
+    a.add_argument("--seed", type=int, default=1)
+    a.add_argument("--restarts", type=int, default=20)
+    a.add_argument("--positive", default="", help="features whose weights stay above 0 (mert -P)")
+    a.add_argument("-o", "--output", required=True)
+    a.set_defaults(fn=rerank_tune)
+    a = sub.add_parser("rerank", help="each sentence's best hypothesis of a rescored n-best list")
+    a.add_argument("nbest")
+    a.add_argument("weights")
+    a.add_argument("--source", required=True, help="the source sentences (their count)")
+    a.add_argument("-o", "--output", required=True)
+    a.set_defaults(fn=rerank_apply)
     a = sub.add_parser("report")
     a.add_argument("work")
     a.add_argument("output")
@@ -681,7 +714,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     try:
         args.fn(args)
-    except (InputError, OSError, ValueError) as e:  # bad or missing input (a cut gzip corpus too): one line
+    except (UserError, OSError, ValueError) as e:  # bad or missing input (a cut gzip corpus too): one line
         raise SystemExit(f"mt.py {args.cmd}: {e}") from None
 
 

@@ -70,12 +70,13 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     assert plan.count("/mert --nbest 300 --threads 2 ") == 21  # 300-best lists; the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
     # dev: the tuning's own decoding of the weights it kept
-    assert plan.count("mt.py best-iteration") == 21
+    assert plan.count("mt.py best-iteration") == 21 + 6  # and each reranked tuning's dev list
     # the whole table scored (SCORE_SCOPE=all, the default)
     assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
     assert "model-devtest" not in plan
     assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan and "--tuner mert" in plan
-    assert f'--systems "{" ".join(ALL_SYSTEMS)}"' in plan  # the report's systems: the Makefile's list
+    # the report's systems: the Makefile's list, then the reranked ones
+    assert f'--systems "{" ".join(ALL_SYSTEMS)} baseline-rerank cslm-rnn-rerank"' in plan
     for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
         assert f"times.tsv {step} -- " in plan, step
     assert "--max-minutes 120" in plan  # the full run's budget per network
@@ -92,7 +93,8 @@ def test_dry_run_budget(tmp_path, shared_data):
     r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
     assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 21
-    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 4  # CSLM and three phrase networks
+    # the CSLM, three phrase networks and the sentence network
+    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 5
     assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by mert on the first 400" in r.stdout
     # the RNN scores only what dev and test can use: the base model filtered to both sets' sources
     w = tmp_path / "w"
@@ -134,6 +136,72 @@ def test_dry_run_new_systems(tmp_path):
     r = _make("-n", "BUDGET=1", "SYSTEMS=rnn-subword", "SUBWORDS=16000", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert "--subwords 16000" in r.stdout
+
+
+def test_dry_run_reranked_systems(tmp_path):
+    """S-rerank, for each of the RERANKED systems' tunings: the test set decoded as an NBEST-best list with
+    the tuning's weights, both lists rescored by the sentence network (trained on the corpus's sentence
+    pairs), the weights tuned on the dev list with the tuning's seed, each set's best hypotheses scored."""
+    w = tmp_path / "w"
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    assert (f"moses-rnn train --corpus {w}/data/train.en {w}/data/train.fr -o {w}/sent/model --preset small "
+            "--arch rnnsearch --subwords 8000 --max-len 50 --max-minutes 35") in plan
+    run, base = f"{w}/systems/baseline-rerank/mert-2", f"{w}/systems/baseline/mert-2"
+    assert (f"/opt/mosesdecoder/bin/moses -f {base}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit "
+            f"1000 -n-best-list {run}/test.nbest.tmp 300 distinct < {w}/data/test.en") in plan
+    assert (f"moses-rnn rescore-nbest {base}/mert/run$best.best300.out.gz -m {w}/sent/model --source "
+            f"{w}/data/dev.en -o {run}/dev.nbest.rnn.gz") in plan
+    assert f"rescore-nbest {run}/test.nbest.gz -m {w}/sent/model --source {w}/data/test.en" in plan
+    assert (f"mt.py rerank-tune {run}/dev.nbest.rnn.gz --ref {w}/data/dev.fr --ini {base}/tuned.ini --moses "
+            f"/opt/mosesdecoder --seed 2 --positive \"LexicalReordering0 TranslationModel0\"") in plan
+    assert f"mt.py rerank {run}/$set.nbest.rnn.gz {run}/weights.txt --source {w}/data/$set.en" in plan
+    assert plan.count("mt.py rerank-tune") == 3 and "rnn-rerank" not in plan  # RERANKED: those in SYSTEMS
+    assert '--systems "baseline rnn baseline-rerank"' in plan
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert "rescore-nbest" not in r.stdout and "sent/model" not in r.stdout
+
+
+def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
+    """rerank.py: the features named as extractor names them, mert started from the tuned weights with the
+    new feature at 0 (fake Moses binaries record their arguments), and each sentence's best hypothesis."""
+    import rerank
+
+    nbest = tmp_path / "nbest"
+    nbest.write_text("0 ||| a b ||| LM0= -2 TM0= -1 -3 RNN0= -5 ||| 0\n"
+                     "0 ||| a c ||| LM0= -1 TM0= -2 -3 RNN0= -9 ||| 0\n"
+                     "2 ||| d ||| LM0= -4 TM0= 0 0 RNN0= -1 ||| 0\n")
+    ini = tmp_path / "tuned.ini"
+    ini.write_text("[weight]\nLM0= 0.5\nTM0= 0.2 0.3\n")
+    moses = tmp_path / "moses"
+    (moses / "bin").mkdir(parents=True)
+    (moses / "bin" / "extractor").write_text(
+        '#!/bin/sh\necho "$@" > extractor.args\nwhile [ $# -gt 0 ]; do [ "$1" = --ffile ] && f=$2; shift; done\n'
+        'echo "FEATURES_TXT_BEGIN_0 0 2 4 LM0_0 TM0_0 TM0_1 RNN0_0" > $f\n')
+    (moses / "bin" / "mert").write_text('#!/bin/sh\ncp init.opt "$OUT.init"\necho "$@" > "$OUT.args"\n'
+                                       'echo "0.1 0.2 0.3 0.4" > weights.txt\n')
+    for b in ("extractor", "mert"):
+        (moses / "bin" / b).chmod(0o755)
+    os.environ["OUT"] = str(tmp_path / "mert")
+    try:
+        weights = rerank.tune(str(nbest), "ref", str(ini), str(moses), str(tmp_path / "w.txt"), seed=3,
+                              positive=["TM0"])
+    finally:
+        del os.environ["OUT"]
+    assert weights == {"LM0_0": 0.1, "TM0_0": 0.2, "TM0_1": 0.3, "RNN0_0": 0.4}
+    assert rerank.read_weights(str(tmp_path / "w.txt")) == weights
+    assert (tmp_path / "mert.init").read_text().splitlines()[0] == "0.500000 0.200000 0.300000 0.000000"
+    args = (tmp_path / "mert.args").read_text().split()
+    assert args[args.index("-d") + 1] == "4" and args[args.index("-r") + 1] == "3"
+    assert args[args.index("-P") + 1] == "TM0_0,TM0_1"
+    # LM0 -2*.1 + TM0 -.2 -.9 + RNN -2 = -3.3 against -.1 -.4 -.9 -3.6 = -5.0: "a b"; sentence 1 has no list
+    assert rerank.rerank(str(nbest), weights, 3) == ["a b", "", "d"]
+    assert rerank.rerank(str(nbest), {"RNN0_0": -1.0}, 3)[0] == "a c"
+    with pytest.raises(mt.UserError, match="nbest:3: sentence id 2, but only 2"):
+        rerank.rerank(str(nbest), weights, 2)
 
 
 def test_dry_run_server_mode(tmp_path, shared_data):
