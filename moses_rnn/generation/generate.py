@@ -166,6 +166,12 @@ class Generator:
         2K best candidates of each source: those ending in </s> are finished,
         the K best others stay live. A source is done when it has K finished
         hypotheses or reaches its length limit (where only </s> is allowed).
+
+        Two shortcuts leave the result as it is: a live hypothesis's candidates
+        come from its own 2K best words (no other word of it can be among its
+        source's 2K best candidates), so only K * 2K candidates per source are
+        ranked, in float64; and the sources that are done leave the batch, so
+        the decoder steps only the live ones.
         """
         if beam < 1 or not 1 <= n_best <= beam:
             raise UserError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
@@ -176,51 +182,58 @@ class Generator:
         limit = torch.tensor([max_words(n, len_ratio, len_extra) for n in lens], device=dev).repeat_interleave(K)
         state = self.model.start_state(ctx)
         e_prev = self.embed.weight.new_zeros(B * K, self.embed.embedding_dim)
-        # live scores [B, K]: one live hypothesis per source to start with
+        # live scores [A, K] of the A sources still searched (`alive`, their indices): one live hypothesis each to start
+        alive = list(range(B))
         live = torch.full((B, K), -math.inf, dtype=torch.float64, device=dev)
         live[:, 0] = 0.0
         tokens = torch.zeros(B, K, 0, dtype=torch.long, device=dev)
         finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-        active = [True] * B
         V = len(self.tgt_vocab)
+        W = min(2 * K, V)  # words kept per live hypothesis
         for t in range(int(limit.max()) + 1):
+            A = len(alive)
             logits, state = self.model.step(ctx, state, e_prev)
             logp = self._allowed(torch.log_softmax(logits.float(), dim=-1), t, limit, allow_unk)
-            cand = (live[:, :, None] + logp.double().view(B, K, V)).view(B, K * V)
-            top, idx = cand.topk(min(2 * K, K * V), dim=1)  # [B, 2K]
-            origin, word = idx // V, idx % V
-            new_live = torch.full((B, K), -math.inf, dtype=torch.float64, device=dev)
-            new_origin = torch.zeros(B, K, dtype=torch.long, device=dev)
-            new_word = torch.full((B, K), self.eos, dtype=torch.long, device=dev)
+            row_top, row_word = logp.topk(W, dim=1)  # [A * K, W]: each hypothesis's best words
+            cand = (live[:, :, None] + row_top.double().view(A, K, W)).view(A, K * W)
+            top, idx = cand.topk(min(2 * K, K * W), dim=1)  # [A, 2K]
+            origin, word = idx // W, row_word.view(A, K * W).gather(1, idx)
+            new_live = torch.full((A, K), -math.inf, dtype=torch.float64, device=dev)
+            new_origin = torch.zeros(A, K, dtype=torch.long, device=dev)
+            new_word = torch.full((A, K), self.eos, dtype=torch.long, device=dev)
             top_l, origin_l, word_l = top.tolist(), origin.tolist(), word.tolist()
-            for b in range(B):
-                if not active[b]:
-                    continue
+            keep = []
+            for a, b in enumerate(alive):
                 k = 0
-                for j in range(len(top_l[b])):
-                    score = top_l[b][j]
+                for j in range(len(top_l[a])):
+                    score = top_l[a][j]
                     if score == -math.inf:
                         break
-                    if word_l[b][j] == self.eos:
+                    if word_l[a][j] == self.eos:
                         if len(finished[b]) < K:
-                            units = tokens[b, origin_l[b][j]]
+                            units = tokens[a, origin_l[a][j]]
                             words = self._decode(units)
                             # per predicted symbol: the units and </s>
                             norm = score / (int((units != self.eos).sum()) + 1) if normalize else score
                             finished[b].append(Hypothesis(words, score, norm))
                     elif k < K:
-                        new_live[b, k], new_origin[b, k], new_word[b, k] = score, origin_l[b][j], word_l[b][j]
+                        new_live[a, k], new_origin[a, k], new_word[a, k] = score, origin_l[a][j], word_l[a][j]
                         k += 1
-                if len(finished[b]) >= K or k == 0:
-                    active[b] = False
-                    new_live[b] = -math.inf
-            if not any(active):
+                if len(finished[b]) < K and k > 0:
+                    keep.append(a)
+            if not keep:
                 break
-            flat = (torch.arange(B, device=dev)[:, None] * K + new_origin).view(-1)
-            state = state[flat]
-            tokens = torch.cat([tokens.gather(1, new_origin[:, :, None].expand_as(tokens)), new_word[:, :, None]], 2)
-            live = new_live
-            e_prev = self.embed(new_word.view(-1))
+            kept = torch.tensor(keep, device=dev)
+            rows = (kept[:, None] * K + new_origin[kept]).view(-1)  # the kept sources' surviving hypotheses
+            state = state[rows]
+            if len(keep) < A:  # sources that are done leave the batch
+                ctx = ctx.select((kept[:, None] * K + torch.arange(K, device=dev)).view(-1))
+                limit = limit.view(A, K)[kept].view(-1)
+                alive = [alive[a] for a in keep]
+            tokens = torch.cat([tokens[kept].gather(1, new_origin[kept][:, :, None].expand(-1, -1, tokens.shape[2])),
+                                new_word[kept][:, :, None]], 2)
+            live = new_live[kept]
+            e_prev = self.embed(new_word[kept].view(-1))
         return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
 
 
