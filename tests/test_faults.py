@@ -502,8 +502,8 @@ def test_errors_that_were_plain_value_errors_are_still_one_line(tmp_path, tiny_m
     assert_one_line_error(r.output, bad_ini, "not a number")
     r = invoke("moses-rnn", "ini", "add-columns", moses_ini, "-w", "nan", "-o", tmp_path / "x.ini")
     assert_one_line_error(r.output, "must be finite numbers")
-    r = invoke("moses-rnn", "translate", "-m", tiny_model, "", "--quiet")
-    assert_one_line_error(r.output, "source phrase 1 is empty")
+    r = invoke("moses-rnn", "translate", "-m", tiny_model, "", "--quiet")  # one line out per line in
+    assert r.exit_code == 0 and r.output == "\n", r.output
     r = invoke("moses-rnn", "align", "a cat", "-m", tiny_model, "-o", tmp_path / "a.png")
     assert_one_line_error(r.output, "model has no alignment")
     one_pair = tmp_path / "one.txt"
