@@ -34,7 +34,7 @@ from mtcommon.errors import UserError
 from mtcommon.textio import InputError, atomic_output
 from mtcommon.trainer import Checkpoint, Evaluation
 
-from ..formats.phrasetable import PhrasePair, read_phrase_table
+from ..formats.phrasetable import PhrasePair, read_phrase_table, source_groups
 
 
 # ---------------------------------------------------------------------------
@@ -135,19 +135,6 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _source_groups(pairs: Iterable[PhrasePair]):
-    """Yield (source, [pairs]) for each run of consecutive lines with the same source."""
-    group, source = [], None
-    for pair in pairs:
-        if pair.source != source and group:
-            yield source, group
-            group = []
-        source = pair.source
-        group.append(pair)
-    if group:
-        yield source, group
-
-
 def source_count(pair, table: str) -> float:
     """count(source): the second number of the counts field (the fifth field)."""
     f = pair.fields
@@ -188,7 +175,7 @@ def table2(
     seen: set[int] = set()
     result = Table2()
     rnn_column, pairs = scored_pairs(table, rnn_column)
-    for source, group in _source_groups(pairs):
+    for source, group in source_groups(pairs):
         if len(source.split()) < min_words:
             continue
         key = hash(source)

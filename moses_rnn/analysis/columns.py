@@ -24,7 +24,8 @@ import numpy as np
 
 from mtcommon.textio import InputError
 
-from .analyze import _is_count, _md, _source_groups, scored_pairs
+from ..formats.phrasetable import source_groups
+from .analyze import _is_count, _md, scored_pairs
 
 
 @dataclass
@@ -154,7 +155,7 @@ def compare_columns(tables: Sequence[str], labels: Sequence[str], tm_column: int
         miss = first_unknown and round(math.log(head.scores[columns[0] + 1])) > 0
         return math.log(tm), ys, miss
 
-    groups = _source_groups(map(_Row, lockstep()))
+    groups = source_groups(map(_Row, lockstep()))
     for source, group in groups:
         long = len(source.split()) >= min_words
         scored = []
@@ -200,7 +201,7 @@ def compare_columns(tables: Sequence[str], labels: Sequence[str], tm_column: int
 
 @dataclass
 class _Row:
-    """One line of every table, with the `.source` that `_source_groups` groups by."""
+    """One line of every table, with the `.source` that `source_groups` groups by."""
 
     rows: tuple
 

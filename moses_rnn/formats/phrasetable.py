@@ -20,7 +20,7 @@ e^k; `format_columns` does that, clamping k at -100 so Moses never sees ln(0).
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -123,6 +123,25 @@ def read_phrase_table(path: str) -> Iterator[PhrasePair]:
         if nscores is None:
             nscores = len(pair.scores)
         yield pair
+
+
+def source_groups(pairs: Iterable) -> Iterator[tuple[str, list]]:
+    """(source, [pairs]) for each run of consecutive lines with the same source (anything with a
+    `.source`): a Moses table is grouped by source phrase."""
+    group, source = [], None
+    for pair in pairs:
+        if pair.source != source and group:
+            yield source, group
+            group = []
+        source = pair.source
+        group.append(pair)
+    if group:
+        yield source, group
+
+
+def with_score(pair: PhrasePair, value: str) -> str:
+    """The pair's line with `value` appended to its scores (field 3), every other byte as it was."""
+    return pair.line[: pair._scores_end] + " " + value + pair.line[pair._scores_end :]
 
 
 # -- whole windows of lines at once ---------------------------------------------------------------------------

@@ -99,6 +99,16 @@ class Generator:
         return self.tgt_vocab.join(r for r in rows.tolist() if r != self.eos).split()
 
     @torch.inference_mode()
+    def attention(self, source: str, target: str) -> np.ndarray:
+        """The soft alignment alpha [target units + 1 (</s>), source units] of an RNNsearch model for one
+        teacher-forced pair: row i, the weights of target unit i over the source units (each sums to 1)."""
+        src_ids, _ = self.src_vocab.encode_phrases([source])
+        tgt_ids, _ = self.tgt_vocab.encode_phrases([target])
+        src = torch.as_tensor(src_ids[None, :], device=self.device)
+        tgt = torch.as_tensor(np.append(tgt_ids, self.eos)[None, :], device=self.device)
+        return self.model.alignment(src, torch.ones_like(src, dtype=torch.bool), tgt)[0].float().cpu().numpy()
+
+    @torch.inference_mode()
     def sample(
         self,
         sources: Sequence[str],

@@ -20,13 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from mtcommon.errors import UserError
 from mtcommon.textio import atomic_output, iter_lines
-from mtcommon.vocab import EOS, UNK
+from mtcommon.vocab import UNK
 
 from .generate import Generator, Hypothesis
 
@@ -62,16 +60,9 @@ def replace_unknowns(gen: Generator, source: str, hyp: Hypothesis) -> int:
     if not positions:
         return 0
     src_units = gen.src_vocab.units(source)
-    src_ids, _ = gen.src_vocab.encode_phrases([source])
-    tgt_ids, _ = gen.tgt_vocab.encode_phrases([hyp.text])
-    device = gen.device
-    src = torch.as_tensor(src_ids[None, :], device=device)
-    tgt = torch.as_tensor(np.append(tgt_ids, gen.tgt_vocab.index[EOS])[None, :], device=device)
-    with torch.inference_mode():
-        alpha = gen.model.alignment(src, torch.ones_like(src, dtype=torch.bool), tgt)[0]  # [T + 1, S]
-    best = alpha.argmax(dim=1).tolist()
+    best = gen.attention(source, hyp.text).argmax(axis=1)
     for i in positions:
-        hyp.words[i] = src_units[best[i]]
+        hyp.words[i] = src_units[int(best[i])]
     return len(positions)
 
 
