@@ -33,7 +33,14 @@ from mtcommon.textio import atomic_output, iter_lines
 # the report's names of the systems of pipelines/Makefile (SYSTEMS there); another name is shown as it is
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP",
           "rnn-subword": "RNN, subword units", "rnnsearch": "RNNsearch", "cslm-rnnsearch": "CSLM + RNNsearch",
-          "cslm-rnn-subword": "CSLM + RNN, subword units"}
+          "cslm-rnn-subword": "CSLM + RNN, subword units", "cslm-rnn-aug": "CSLM + RNN, augmented table"}
+
+
+def label(system: str) -> str:
+    """A system's name in the report (S-rerank: S's, reranked)."""
+    if system.endswith("-rerank") and system not in LABELS:
+        return f"{label(system[: -len('-rerank')])}, reranked"
+    return LABELS.get(system, system)
 
 
 def _write_lines(path: str, lines) -> int:
@@ -304,7 +311,7 @@ def _health_rows(curves: dict[str, dict[str, list[float]]]) -> list[str]:
     for system, runs in curves.items():
         for name, scores in runs.items():
             h = tuning_health(scores)
-            rows.append(f"| {LABELS.get(system, system)} {name} | {h['iterations']} | {h['first']:.2f} | "
+            rows.append(f"| {label(system)} {name} | {h['iterations']} | {h['first']:.2f} | "
                         f"{h['best']:.2f} ({h['best_at']}) | {h['lowest']:.2f} | {h['verdict']} |")
     return rows
 
@@ -321,7 +328,7 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     for i, (system, runs) in enumerate(curves.items()):
         for j, (name, scores) in enumerate(runs.items()):
             ax.plot(range(1, len(scores) + 1), scores, marker="o", markersize=3, color=colours[i % len(colours)],
-                    linestyle=["-", "--", ":", "-."][j % 4], label=f"{LABELS.get(system, system)} {name}".strip())
+                    linestyle=["-", "--", ":", "-."][j % 4], label=f"{label(system)} {name}".strip())
     ax.set_xlabel(f"{tuner} iteration (1: the starting weights)")
     ax.set_ylabel("dev BLEU (tokenized, lowercased)")
     ax.set_title(textwrap.fill(title, 110), fontsize=8)  # a long label (BUDGET=1) on several lines
@@ -369,7 +376,7 @@ def column_weights(work: Path, systems: list[str], tuner: str = "mert") -> list[
                 continue
             total = sum(abs(w) for ws in weights.values() for w in ws)
             cslm = weights.get("CSLM0")
-            rows.append(f"| {LABELS.get(system, system)} {name} | {tm[4]:.4f} | {abs(tm[4]) / total:.1%} | "
+            rows.append(f"| {label(system)} {name} | {tm[4]:.4f} | {abs(tm[4]) / total:.1%} | "
                         f"{f'{cslm[0]:.4f} ({abs(cslm[0]) / total:.1%})' if cslm else '–'} |")
     return rows
 
@@ -394,7 +401,7 @@ def shortlist_miss_bleu(work: Path, systems: list[str], tuner: str, test_src: Pa
                 out = _lines(run / "test.detok")
                 scores.append(BLEU(lowercase=True).corpus_score([out[i] for i in chosen], refs).score)
         if scores:
-            rows.append(f"| {LABELS.get(system, system)} | {len(scores)} | {_mean_sd(scores)} |")
+            rows.append(f"| {label(system)} | {len(scores)} | {_mean_sd(scores)} |")
     return len(chosen), rows
 
 
@@ -439,7 +446,7 @@ def report(args) -> None:
                     all_descriptions = [r.description for r in over_all]
         gain_cell = (" / ".join(f"{g:+.2f}" for g in gains) + (f" (min {min(gains):+.2f})" if len(gains) > 1 else "")
                      if gains else "–")
-        rows.append(f"| {LABELS.get(system, system)} | {len(test)} | {cells[0]} | {cells[1]} | {gain_cell} | "
+        rows.append(f"| {label(system)} | {len(test)} | {cells[0]} | {cells[1]} | {gain_cell} | "
                     f"{' / '.join(p_values) if p_values else '–'} | {p_all[0]} | {p_all[1]} |")
     lines = [f"**{args.label}**", ""] if args.label else []
     lines += [f"Tuner: {args.tuner} (mert-moses.pl{TUNER_FLAGS.get(args.tuner, '')}).", "",

@@ -96,6 +96,9 @@ def test_augment_limits(example_table, tiny_model, lex_files, tmp_path):
     r = run_augment(example_table, tiny_model, out, lex_files, "--few", "5", "--max-new", "7")
     assert r.exit_code == 0, r.output
     assert len(read(out)) == len(read(example_table)) + 7
+    r = run_augment(example_table, tiny_model, out, lex_files, "--few", "5", "--max-growth", "0.05")
+    assert r.exit_code == 0, r.output
+    assert len(read(out)) == len(read(example_table)) + int(0.05 * len(read(example_table)))
     r = run_augment(example_table, tiny_model, out, lex_files, "--few", "0")
     assert r.exit_code == 0 and len(read(out)) == len(read(example_table))
 

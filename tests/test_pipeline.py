@@ -24,8 +24,8 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 # the paper's four systems of Table 1, which a run builds, tunes and reports
 PAPER_SYSTEMS = ("baseline", "rnn", "cslm-rnn", "cslm-rnn-wp")
-# and the systems past the paper's limits: subword units, attention, attention with the CSLM
-NEW_SYSTEMS = ("rnn-subword", "rnnsearch", "cslm-rnnsearch")
+# and the systems past the paper's limits: subword units, attention, attention with the CSLM, augmentation
+NEW_SYSTEMS = ("rnn-subword", "rnnsearch", "cslm-rnnsearch", "cslm-rnn-aug")
 ALL_SYSTEMS = PAPER_SYSTEMS + NEW_SYSTEMS
 
 
@@ -62,15 +62,15 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
         assert plan.count(f"mert-moses.pl {tmp_path}/w/data/dev.en {tmp_path}/w/data/dev.fr \\\n"
                           f"  /opt/mosesdecoder/bin/moses {tmp_path}/w/systems/{system}/moses.ini.filtered-dev "
                           "--no-filter-phrase-table") == 3
-    assert plan.count("filter-model-given-input.pl") == 7 and plan.count("mt.py reweight") == 21
-    assert plan.count("mert-moses.pl") == 21 and plan.count('--mertmertargs "-r 3 -P $positive "') == 7
+    assert plan.count("filter-model-given-input.pl") == 8 and plan.count("mt.py reweight") == 24
+    assert plan.count("mert-moses.pl") == 24 and plan.count('--mertmertargs "-r 3 -P $positive "') == 8
     # mert keeps the reordering and phrase-table weights positive: -P with the names of their scores
     assert plan.count(f"positive=$({sys.executable} {PIPE}/mt.py positive {tmp_path}/w/systems/rnn/moses.ini.filtered-dev "
                       "LexicalReordering0 TranslationModel0) && ") == 3
-    assert plan.count("/mert --nbest 300 --threads 2 ") == 21  # 300-best lists; the optimiser on THREADS threads
+    assert plan.count("/mert --nbest 300 --threads 2 ") == 24  # 300-best lists; the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
     # dev: the tuning's own decoding of the weights it kept
-    assert plan.count("mt.py best-iteration") == 21 + 6  # and each reranked tuning's dev list
+    assert plan.count("mt.py best-iteration") == 24 + 6  # and each reranked tuning's dev list
     # the whole table scored (SCORE_SCOPE=all, the default)
     assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
     assert "model-devtest" not in plan
@@ -92,7 +92,7 @@ def test_dry_run_budget(tmp_path, shared_data):
     a variable given on the command line still wins; any other BUDGET value is refused."""
     r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
-    assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 21
+    assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 24
     # the CSLM, three phrase networks and the sentence network
     assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 5
     assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by mert on the first 400" in r.stdout
@@ -102,7 +102,7 @@ def test_dry_run_budget(tmp_path, shared_data):
     assert f"filter-model-given-input.pl {w}/model-devtest.tmp {w}/model/moses.ini {w}/devtest.en" in r.stdout
     assert f"table-path {w}/model-devtest/moses.ini)" in r.stdout
     assert f"cp {w}/model-devtest/moses.ini {w}/systems/baseline/moses.ini.tmp" in r.stdout
-    assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 4
+    assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 5
     r = _make("-n", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
               DATA=str(shared_data / "en-fr"))
     assert "--lines 100" in r.stdout and "first 100 dev sentences" in r.stdout
@@ -163,6 +163,27 @@ def test_dry_run_reranked_systems(tmp_path):
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert "rescore-nbest" not in r.stdout and "sent/model" not in r.stdout
+
+
+def test_dry_run_augmented_system(tmp_path):
+    """cslm-rnn-aug: the base table augmented by the RNN (sources with one target, the dev and test
+    sources' missing n-grams, at most 20% more lines), scored by the RNN, then cslm-rnn's set-up with
+    the indicator column tuned from 0 and the unknown-word column fixed."""
+    w = tmp_path / "w"
+    r = _make("-n", "BUDGET=1", "SYSTEMS=cslm-rnn-aug", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    assert f"cat {w}/data/dev.en {w}/data/test.en > {w}/augment/input.en" in plan
+    assert (f"moses-rnn augment $({sys.executable} {PIPE}/mt.py table-path {w}/model-devtest/moses.ini) -m {w}/rnn/model "
+            f"-o {w}/augment/phrase-table.gz") in plan
+    assert (f"--lex-f2e {w}/train/model/lex.f2e --lex-e2f {w}/train/model/lex.e2f --input {w}/augment/input.en --few 1 "
+            "--per-source 3 --max-ngram 3 --max-growth 0.2") in plan
+    assert f"score {w}/augment/phrase-table.gz -m {w}/rnn/model -o {w}/augment/phrase-table.rnn.gz --unknown" in plan
+    assert (f"ini add-columns {w}/model-devtest/moses.ini --table TranslationModel0 --count 2 --weight 0 --weight 0.05 "
+            f"--path {w}/augment/phrase-table.rnn.gz") in plan
+    assert "--count 1 --weight 0 --fixed" in plan and "ini weight" in plan and "CSLM name=CSLM0" in plan
+    assert plan.count("mert-moses.pl") == 3 and "times.tsv augment -- " in plan
 
 
 def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
@@ -779,17 +800,17 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
     assert r.returncode == 0, r.stderr
     plan = r.stdout
-    assert plan.count("mert-moses.pl") == 21 and plan.count(flag) == 7
+    assert plan.count("mert-moses.pl") == 24 and plan.count(flag) == 8
     for system in ALL_SYSTEMS:
         assert f"{w}/systems/{system}/{tuner}-3/tuned.ini" in plan
     assert f"--tuner {tuner} " in plan and f"{w}/report.{tuner}.png" in plan
     assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")
-    assert (plan.count("mt.py positive ") == 21) == (tuner == "mert")
+    assert (plan.count("mt.py positive ") == 24) == (tuner == "mert")
     if tuner == "mert":  # POSITIVE empty: no constraint
         r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
-    assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 21 and "--nbest 300" not in r.stdout
+    assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 24 and "--nbest 300" not in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")

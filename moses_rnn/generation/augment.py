@@ -57,6 +57,7 @@ class AugmentConfig:
     per_source: int = 3  # new targets per source, at most
     few: int = 1  # (a): sources with at most this many targets get new ones; 0: none
     max_new: int | None = None  # lines added at most; None: no limit
+    max_growth: float | None = None  # ... and at most this fraction of the table's lines (read once to count)
     input: str | None = None  # (b): text whose missing n-grams become new sources
     max_ngram: int = 3  # (b): the longest n-gram taken from `input`
     alignment: str = "lexical"  # or "attention" (RNNsearch with word units)
@@ -69,6 +70,8 @@ class AugmentConfig:
         for name in ("beam", "per_source", "max_ngram", "batch"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.replace('_', '-')} must be at least 1")
+        if self.max_growth is not None and not self.max_growth >= 0:
+            raise UserError(f"--max-growth must be a fraction of at least 0, not {self.max_growth}")
         if self.per_source > self.beam:
             raise UserError(f"--per-source {self.per_source} is more than the beam ({self.beam}) can give")
 
@@ -137,6 +140,9 @@ def augment_table(table: str, gen: Generator, lex_f2e: LexicalTable, lex_e2f: Le
     stats = AugmentStats()
     candidates = input_ngrams(cfg.input, cfg.max_ngram, gen) if cfg.input else []
     budget = [cfg.max_new if cfg.max_new is not None else math.inf]
+    if cfg.max_growth is not None:
+        lines = sum(1 for _ in iter_lines(table))
+        budget[0] = min(budget[0], math.floor(cfg.max_growth * lines))
 
     def jobs() -> Iterator[_Job]:
         c, last = 0, b""
