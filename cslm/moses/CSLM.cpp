@@ -67,6 +67,7 @@ CSLM::CSLM(const std::string& line)
       m_cacheSize(1000000),
       m_floor(-100.0f),
       m_prefetch(8),
+      m_futureCost(-1),
       m_bos(0),
       m_eos(0),
       m_unk(0),
@@ -108,6 +109,8 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_historyCache = Scan<size_t>(value);
   } else if (key == "buffer") {
     m_buffer = Scan<size_t>(value);
+  } else if (key == "future-cost") {
+    m_futureCost = Scan<bool>(value) ? 1 : 0;
   } else if (key == "stats") {
     m_stats = Scan<bool>(value);
   } else if (key == "self-normalized") {
@@ -155,7 +158,11 @@ void CSLM::Load(AllOptions::ptr const& opts) {
       std::cerr << who << ": warning: self-normalized=true but " << m_path
                 << " was trained without --self-norm: its o_w are not log-probabilities" << std::endl;
     m_prefetch = 0;  // no round trips to fill
+    if (m_futureCost == -1) m_futureCost = 1;
   } else {
+    UTIL_THROW_IF2(m_futureCost == 1, who << ": future-cost=true scores every target phrase on its own, one "
+                                             "request each: in process only (give path= without port=)");
+    m_futureCost = 0;
     where << m_host << ":" << m_port;
     try {
       cslm::Client client(m_host, static_cast<uint16_t>(m_port), m_timeout);
@@ -214,7 +221,7 @@ void CSLM::Load(AllOptions::ptr const& opts) {
               << m_local_model->table_bytes() / (1 << 20) << " MiB";
   else
     std::cerr << ", checksum " << m_checksum.substr(0, 12);
-  std::cerr << ", scoring " << buffering << std::endl;
+  std::cerr << ", scoring " << buffering << (m_futureCost ? ", in the future-cost estimate" : "") << std::endl;
 }
 
 CSLM::ThreadData& CSLM::Local() const {
@@ -331,8 +338,29 @@ void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float*
     if (!(logprobs[k] >= m_floor)) logprobs[k] = m_floor;  // also catches NaN and -inf
 }
 
+void CSLM::EvaluateInIsolation(const Phrase& /*source*/, const TargetPhrase& targetPhrase,
+                               ScoreComponentCollection& scoreBreakdown,
+                               ScoreComponentCollection& estimatedScores) const {
+  if (m_futureCost != 1) return;
+  ThreadData& td = Local();
+  std::vector<uint32_t> ids, ngrams;
+  PhraseIds(td, targetPhrase, &ids);
+  const size_t internal = cslm::internal_ngrams(ids, m_order, m_bos, &ngrams);
+  const size_t estimate = cslm::estimate_ngrams(ids, m_order, m_bos, &ngrams);
+  std::vector<float> lp;
+  if (internal + estimate) Score(td, ngrams, internal + estimate, &lp);
+  std::vector<float> scores(m_numScoreComponents, 0.0f), future(m_numScoreComponents, 0.0f);
+  for (size_t k = 0; k < internal; ++k) scores[0] += lp[k];
+  for (size_t k = internal; k < internal + estimate; ++k) future[0] += lp[k];
+  if (m_numScoreComponents > 1)
+    for (size_t i = 0; i < ids.size(); ++i) scores[1] += ids[i] == m_unk;
+  scoreBreakdown.PlusEquals(this, scores);
+  estimatedScores.PlusEquals(this, future);
+}
+
 void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*input*/,
                                                           const TranslationOptionList& list) const {
+  if (m_futureCost == 1) return;  // scored in EvaluateInIsolation
   // Moses computes an option's future-cost estimate before this call (and
   // keeps its own copy), so only real scores are added here: the n-grams whose
   // history lies inside the phrase, and the unknown-word count. The first

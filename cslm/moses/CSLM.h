@@ -4,6 +4,7 @@
 //
 //   [feature]
 //   CSLM name=CSLM0 path=/models/cslm order=7                       # in process (CPU)
+//   CSLM name=CSLM0 path=/models/cslm order=7 future-cost=false     # ... without the CSLM in the estimate
 //   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096          # a server (GPU, shared)
 //   [weight]
 //   CSLM0= 0.1 -0.1
@@ -69,8 +70,17 @@ class CSLM : public StatefulFeatureFunction {
 
   const FFState* EmptyHypothesisState(const InputType& input) const;
 
-  // Phrase-internal n-grams (history inside the phrase) and the unknown-word
-  // count, for every option of the list in one request.
+  // In process (future-cost=true, the default there): each target phrase's
+  // internal n-grams and unknown-word count (real scores), and an estimate of
+  // its first order-1 words with the history the phrase gives them, <s>-padded
+  // (estimatedScores: the search's future cost only). As Moses's own LMs do.
+  void EvaluateInIsolation(const Phrase& source, const TargetPhrase& targetPhrase,
+                           ScoreComponentCollection& scoreBreakdown,
+                           ScoreComponentCollection& estimatedScores) const;
+
+  // Otherwise (a server: one request per list instead of one per phrase):
+  // phrase-internal n-grams and the unknown-word count, for every option of
+  // the list in one request. Moses has fixed each option's future cost by then.
   void EvaluateTranslationOptionListWithSourceContext(const InputType& input,
                                                       const TranslationOptionList& list) const;
 
@@ -127,6 +137,7 @@ class CSLM : public StatefulFeatureFunction {
   size_t m_cacheSize;
   float m_floor;           // lowest log-probability passed to the decoder
   size_t m_prefetch;       // other options of the span whose boundary n-grams share a request
+  int m_futureCost;        // 1: internal n-grams and an estimate in EvaluateInIsolation; -1: in process only
 
   // Read-only after Load: shared by all threads.
   uint32_t m_bos, m_eos, m_unk;

@@ -12,6 +12,8 @@
 //   * boundary n-grams: the first min(m, n-1) words need the previous
 //     hypothesis' last n-1 words (the state); plus </s> when the hypothesis
 //     completes the sentence. Scored per hypothesis, through the cache.
+//   * estimate n-grams: the same first words with only the phrase's history
+//     (<s>-padded), for the future-cost estimate; never part of a final score;
 //   * the state after the phrase is the last n-1 words of (state + phrase):
 //     with an n-gram model this gives exact recombination.
 #ifndef CSLM_MOSES_NGRAMS_H_
@@ -46,6 +48,18 @@ inline size_t internal_ngrams(const std::vector<uint32_t>& phrase, unsigned orde
   size_t count = 0;
   for (size_t k = order - 1; k < phrase.size(); ++k, ++count) append_ngram(&phrase[0], k, phrase[k], order, bos, out);
   return count;
+}
+
+// Estimate n-grams of a phrase, for the future cost (CSLM::EvaluateInIsolation):
+// its first min(m, order-1) words with the history the phrase gives them,
+// left-padded with <s>. A fixed-window network has no lower-order model to
+// back off to; <s> is the padding it was trained with at the sentence start.
+// Only the search's estimate uses them: the boundary n-grams replace them.
+inline size_t estimate_ngrams(const std::vector<uint32_t>& phrase, unsigned order, uint32_t bos,
+                              std::vector<uint32_t>* out) {
+  const size_t first = phrase.size() < order - 1 ? phrase.size() : order - 1;
+  for (size_t k = 0; k < first; ++k) append_ngram(&phrase[0], k, phrase[k], order, bos, out);
+  return first;
 }
 
 // Boundary n-grams of a phrase applied after `state` (at most order-1 ids, the
