@@ -405,6 +405,96 @@ def shortlist_miss_bleu(work: Path, systems: list[str], tuner: str, test_src: Pa
     return len(chosen), rows
 
 
+# ---- the networks alone, and BLEU by sentence length (Bahdanau et al., Table 1 and Figure 2) ----
+
+def _pooled(work: Path, system: str, tuner: str) -> list[list[str]]:
+    """The test outputs (detokenized) of a system's tunings, or of a network alone (WORK/NAME/test.detok)."""
+    runs = [d / "test.detok" for d in _runs(work, system, tuner).values()] or [work / system / "test.detok"]
+    return [_lines(p) for p in runs if p.exists()]
+
+
+def _subset_bleu(outputs: list[list[str]], reference: list[str], chosen: list[int]) -> list[float]:
+    from sacrebleu.metrics import BLEU
+
+    if not chosen:
+        return []
+    refs = [[reference[i] for i in chosen]]
+    return [BLEU(lowercase=True).corpus_score([out[i] for i in chosen], refs).score for out in outputs]
+
+
+def network_rows(work: Path, names: list[str], systems: list[str], tuner: str, test_src: Path, test_trg: Path,
+                 test_ref: Path) -> list[str]:
+    """Markdown rows: BLEU of each Moses system (mean ± sd over its tunings) and of each network alone, on all
+    test sentences and on those whose source and tokenized reference have no word outside every network's
+    vocabularies (subword units have none outside)."""
+    from moses_rnn.networks import modelio
+
+    sources, targets, reference = _lines(test_src), _lines(test_trg), _lines(test_ref)
+    known = []
+    for name in names:
+        if (work / name / "model" / "config.json").exists():
+            cfg, _ = modelio.read_config(str(work / name / "model"))
+            known.append(modelio.load_vocabularies(str(work / name / "model"), cfg))
+    clean = [i for i in range(len(sources))
+             if all(not (v.encode_phrases([side])[0] == v.unk_id).any()
+                    for src, tgt in known for v, side in ((src, sources[i]), (tgt, targets[i])))]
+    rows = []
+    for system in [*systems, *names]:
+        outputs = _pooled(work, system, tuner)
+        if not outputs:
+            continue
+        every, no_unk = (_subset_bleu(outputs, reference, chosen) for chosen in (list(range(len(reference))), clean))
+        name = label(system) if system in systems else f"{system} (network alone, beam 5)"
+        rows.append(f"| {name} | {len(outputs)} | {_mean_sd(every) if every else '–'} | "
+                    f"{_mean_sd(no_unk) if no_unk else '–'} |")
+    return [f"BLEU on all {len(reference):,} test sentences, and on the {len(clean):,} whose source and reference "
+            "have no word outside the networks' vocabularies (Bahdanau et al., Table 1):", "",
+            "| Models | tunings | BLEU test, all | BLEU test, no unknown word |", "|---|---:|---:|---:|", *rows]
+
+
+LENGTH_BUCKETS = [(0, 10), (10, 20), (20, 30), (30, 40), (40, 50), (50, 10**9)]
+
+
+def plot_lengths(work: Path, systems: list[str], tuner: str, test_src: Path, test_ref: Path, output: str) -> list[str]:
+    """BLEU by source length (words, buckets of 10) of each system, its tunings pooled (Bahdanau et al.,
+    Figure 2), as a PNG; returns a Markdown table of the same numbers."""
+    from sacrebleu.metrics import BLEU
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths, reference = [len(line.split()) for line in _lines(test_src)], _lines(test_ref)
+    buckets = [[i for i, n in enumerate(lengths) if lo <= n < hi] for lo, hi in LENGTH_BUCKETS]
+    names = [f"{lo}-{hi - 1}" if hi < 10**9 else f"{lo}+" for lo, hi in LENGTH_BUCKETS]
+    rows, fig = [], plt.figure(figsize=(7, 4.2), dpi=120)
+    ax = fig.add_subplot()
+    for system in systems:
+        outputs = _pooled(work, system, tuner)
+        if not outputs:
+            continue
+        scores = []
+        for chosen in buckets:
+            hyps = [out[i] for out in outputs for i in chosen]
+            refs = [[reference[i] for _ in outputs for i in chosen]]
+            scores.append(BLEU(lowercase=True).corpus_score(hyps, refs).score if chosen else float("nan"))
+        name = label(system) if (work / "systems" / system).exists() else f"{system} (network alone)"
+        ax.plot(range(len(buckets)), scores, marker="o", label=name)
+        rows.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in scores) + " |")
+    ax.set_xticks(range(len(buckets)), [f"{n}\n({len(b):,})" for n, b in zip(names, buckets)])
+    ax.set_xlabel("source sentence length in words (sentences)")
+    ax.set_ylabel("BLEU (lowercased)")
+    ax.set_title("Test BLEU by source length (tunings pooled)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp)
+    plt.close(fig)
+    Path(tmp).replace(output)
+    return ["| Models | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names), *rows]
+
+
 def report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
     the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
@@ -509,6 +599,14 @@ def report(args) -> None:
             lines += ["", f"BLEU on the {count:,} test sentences with a source word outside the word-level RNN's "
                       f"shortlist (`{Path(args.shortlist).name}`), scored as above:", "",
                       "| Models | tunings | BLEU test, those sentences |", "|---|---:|---:|", *rows]
+    networks = args.networks.split() if args.networks else []
+    if networks and args.test_src and args.test_trg and args.test_ref:
+        lines += ["", *network_rows(work, networks, systems, args.tuner, Path(args.test_src), Path(args.test_trg),
+                                    Path(args.test_ref))]
+    if args.length_plot and args.test_src and args.test_ref:
+        table = plot_lengths(work, [*systems, *networks], args.tuner, Path(args.test_src), Path(args.test_ref),
+                             args.length_plot)
+        lines += ["", f"Test BLEU by source length, tunings pooled (`{Path(args.length_plot).name}`):", "", *table]
     if args.training_plot and plot_training(work, args.training_plot):
         lines += ["", f"Held-out perplexity of each phrase network while training: `{Path(args.training_plot).name}`"]
     notes = work / "NOTES.md"
@@ -686,6 +784,9 @@ def main(argv=None) -> None:
     a.add_argument("--test-src", help="the tokenized test sources (test.SRC): with --shortlist and --test-ref, BLEU on "
                                       "the sentences with a word outside the shortlist")
     a.add_argument("--shortlist", help="the word-level RNN's source vocabulary (rnn/model/src.vocab); skipped if absent")
+    a.add_argument("--test-trg", help="the tokenized test references (test.TRG): with --networks, the no-unknown subset")
+    a.add_argument("--networks", default="", help="networks that translated the test set alone (WORK/NAME/test.detok)")
+    a.add_argument("--length-plot", help="PNG of test BLEU by source length of every system and network")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
     a.set_defaults(fn=report)
     a = sub.add_parser("reweight")

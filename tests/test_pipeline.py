@@ -93,8 +93,8 @@ def test_dry_run_budget(tmp_path, shared_data):
     r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
     assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 24
-    # the CSLM, three phrase networks and the sentence network
-    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 5
+    # the CSLM, three phrase networks and the two sentence networks
+    assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 6
     assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by mert on the first 400" in r.stdout
     # the RNN scores only what dev and test can use: the base model filtered to both sets' sources
     w = tmp_path / "w"
@@ -148,7 +148,13 @@ def test_dry_run_reranked_systems(tmp_path):
     assert r.returncode == 0, r.stderr
     plan = r.stdout
     assert (f"moses-rnn train --corpus {w}/data/train.en {w}/data/train.fr -o {w}/sent/model --preset small "
-            "--arch rnnsearch --subwords 8000 --max-len 50 --max-minutes 35") in plan
+            "--subwords 8000 --max-len 50 --max-minutes 35 --max-steps 1000000 --threads 1 --arch rnnsearch") in plan
+    # the networks alone: RNNsearch and the encoder-decoder, trained alike, translate the test set
+    assert f"-o {w}/sent-encdec/model --preset small --subwords 8000" in plan and "--threads 1 --arch encdec" in plan
+    for name in ("sent", "sent-encdec"):
+        assert f"moses-rnn translate -m {w}/{name}/model -i {w}/data/test.en -o {w}/{name}/test.out --beam 5" in plan
+        assert f"sacrebleu {w}/data/test.ref.fr -i {w}/{name}/test.detok -lc -w 2" in plan
+    assert f'--networks "sent sent-encdec" --length-plot {w}/report.lengths.png' in plan
     run, base = f"{w}/systems/baseline-rerank/mert-2", f"{w}/systems/baseline/mert-2"
     assert (f"/opt/mosesdecoder/bin/moses -f {base}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit "
             f"1000 -n-best-list {run}/test.nbest.tmp 300 distinct < {w}/data/test.en") in plan
@@ -162,7 +168,10 @@ def test_dry_run_reranked_systems(tmp_path):
     assert '--systems "baseline rnn baseline-rerank"' in plan
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
-    assert "rescore-nbest" not in r.stdout and "sent/model" not in r.stdout
+    assert "rescore-nbest" not in r.stdout
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", "NETWORKS=", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert "sent/model" not in r.stdout and '--networks ""' in r.stdout
 
 
 def test_dry_run_augmented_system(tmp_path):
@@ -184,6 +193,39 @@ def test_dry_run_augmented_system(tmp_path):
             f"--path {w}/augment/phrase-table.rnn.gz") in plan
     assert "--count 1 --weight 0 --fixed" in plan and "ini weight" in plan and "CSLM name=CSLM0" in plan
     assert plan.count("mert-moses.pl") == 3 and "times.tsv augment -- " in plan
+
+
+def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):
+    """The networks' own translations beside the systems, on all test sentences and on those with no word
+    outside the networks' vocabularies; BLEU by source length as a table and a PNG."""
+    sacrebleu = pytest.importorskip("sacrebleu")
+    pytest.importorskip("matplotlib")
+    from moses_rnn.networks import modelio
+
+    loaded = modelio.load_model(str(tiny_model))
+    known, fr = loaded.src_vocab.words[2:7], loaded.tgt_vocab.words[2:8]
+    src = [" ".join(known[:3]), "zzz " + known[0], " ".join(known * 3), known[1]]  # line 2: an unknown word
+    ref = [" ".join(fr[:3]), " ".join(fr[3:6]), " ".join(fr * 3), "qqq"]  # line 4: an unknown word
+    (tmp_path / "test.en").write_text("\n".join(src) + "\n")
+    (tmp_path / "test.fr").write_text("\n".join(ref) + "\n")
+    (tmp_path / "test.ref").write_text("\n".join(ref) + "\n")
+    shutil.copytree(tiny_model, tmp_path / "sent" / "model")
+    network = [ref[0], fr[3] + " x " + fr[5], " ".join(fr[:4]), "qqq"]
+    (tmp_path / "sent" / "test.detok").write_text("\n".join(network) + "\n")
+    run = tmp_path / "systems" / "baseline" / "mert-1"
+    run.mkdir(parents=True)
+    (run / "test.detok").write_text("\n".join([ref[0], ref[1], " ".join(fr), "w"]) + "\n")
+    (run / "test.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 1.0}))
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline", "--test-ref",
+             str(tmp_path / "test.ref"), "--samples", "10", "--ar-samples", "10", "--test-src", str(tmp_path / "test.en"),
+             "--test-trg", str(tmp_path / "test.fr"), "--networks", "sent", "--length-plot", str(tmp_path / "len.png")])
+    text = (tmp_path / "report.md").read_text()
+    assert "and on the 2 whose source and reference" in text  # lines 1 and 3
+    every = sacrebleu.corpus_bleu(network, [ref], lowercase=True).score
+    clean = sacrebleu.corpus_bleu([network[0], network[2]], [[ref[0], ref[2]]], lowercase=True).score
+    assert f"| sent (network alone, beam 5) | 1 | {every:.2f} | {clean:.2f} |" in text
+    assert (tmp_path / "len.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| Models | 0-9 | 10-19 | 20-29 | 30-39 | 40-49 | 50+ |" in text
 
 
 def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
