@@ -495,49 +495,69 @@ def plot_lengths(work: Path, systems: list[str], tuner: str, test_src: Path, tes
     return ["| Models | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names), *rows]
 
 
+def compare(work: Path, system: str, base: str, tuner: str, reference: list[str] | None, samples: int,
+            ar_samples: int) -> dict:
+    """`system` against `base` on test: the gain of each tuning over the base's tuning of the same seed,
+    its paired bootstrap p-value, and approximate randomization and a bootstrap over all tunings of both
+    together (significance.py). Empty cells ('–') where results or outputs are missing."""
+    from significance import approximate_randomization, bootstrap
+
+    base_runs, runs = _runs(work, base, tuner), _runs(work, system, tuner)
+    base_test = {name: _bleu(d / "test.bleu.json") for name, d in base_runs.items()}
+    test = {name: b for name, b in ((name, _bleu(d / "test.bleu.json")) for name, d in runs.items()) if b}
+    gains = [b["score"] - base_test[name]["score"] for name, b in test.items() if base_test.get(name)]
+    p_values, p_all, signature, descriptions = [], ["–", "–"], None, []
+    if reference is not None:
+        for name in test:
+            if name in base_runs and (base_runs[name] / "test.detok").exists() and (runs[name] / "test.detok").exists():
+                p, signature = paired_bootstrap(reference, _lines(base_runs[name] / "test.detok"),
+                                                _lines(runs[name] / "test.detok"), samples)
+                p_values.append(f"{p:.3f}")
+        base_out = [_lines(d / "test.detok") for d in base_runs.values() if (d / "test.detok").exists()]
+        mine_out = [_lines(d / "test.detok") for d in runs.values() if (d / "test.detok").exists()]
+        if base_out and mine_out:
+            over_all = [method(reference, base_out, mine_out, samples=ar_samples)
+                        for method in (approximate_randomization, bootstrap)]
+            p_all = [f"{r.p_value:.4f}" for r in over_all]
+            descriptions = [r.description for r in over_all]
+    gain_cell = (" / ".join(f"{g:+.2f}" for g in gains) + (f" (min {min(gains):+.2f})" if len(gains) > 1 else "")
+                 if gains else "–")
+    return {"gain": gain_cell, "p": " / ".join(p_values) if p_values else "–", "p_all": p_all,
+            "signature": signature, "descriptions": descriptions}
+
+
 def report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
     the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
     each, and approximate randomization and a bootstrap over all tunings of both systems together
-    (significance.py);
+    (significance.py); with --pairs, the same against the system each one extends;
     the health of every tuning; the networks, perplexities and step times."""
-    from significance import approximate_randomization, bootstrap
-
     work = Path(args.work)
     systems = args.systems.replace(",", " ").split()
     reference = _lines(Path(args.test_ref)) if args.test_ref else None
-    base_runs = _runs(work, systems[0], args.tuner) if systems else {}
-    base_test = {name: _bleu(d / "test.bleu.json") for name, d in base_runs.items()}
     rows, signature, test_signature, all_descriptions = [], None, None, []
     for system in systems:
         runs = _runs(work, system, args.tuner)
         dev = [b for b in (_bleu(d / "dev.bleu.json") for d in runs.values()) if b]
-        test = {name: b for name, b in ((name, _bleu(d / "test.bleu.json")) for name, d in runs.items()) if b}
+        test = [b for b in (_bleu(d / "test.bleu.json") for d in runs.values()) if b]
         if not dev and not test:
             continue
-        signature = signature or (list(test.values()) or dev)[0].get("signature")
-        cells = [_mean_sd([b["score"] for b in part]) if part else "–" for part in (dev, list(test.values()))]
-        gains, p_values, p_all = [], [], ["–", "–"]
+        signature = signature or (test or dev)[0].get("signature")
+        cells = [_mean_sd([b["score"] for b in part]) if part else "–" for part in (dev, test)]
+        c = {"gain": "–", "p": "–", "p_all": ["–", "–"]}
         if system != systems[0]:
-            gains = [b["score"] - base_test[name]["score"] for name, b in test.items() if base_test.get(name)]
-            if reference is not None:
-                pairs = [(base_runs[name] / "test.detok", runs[name] / "test.detok") for name in test
-                         if name in base_runs and (base_runs[name] / "test.detok").exists()
-                         and (runs[name] / "test.detok").exists()]
-                for base, mine in pairs:
-                    p, test_signature = paired_bootstrap(reference, _lines(base), _lines(mine), args.samples)
-                    p_values.append(f"{p:.3f}")
-                base_out = [_lines(d / "test.detok") for d in base_runs.values() if (d / "test.detok").exists()]
-                mine_out = [_lines(d / "test.detok") for d in runs.values() if (d / "test.detok").exists()]
-                if base_out and mine_out:
-                    over_all = [method(reference, base_out, mine_out, samples=args.ar_samples)
-                                for method in (approximate_randomization, bootstrap)]
-                    p_all = [f"{r.p_value:.4f}" for r in over_all]
-                    all_descriptions = [r.description for r in over_all]
-        gain_cell = (" / ".join(f"{g:+.2f}" for g in gains) + (f" (min {min(gains):+.2f})" if len(gains) > 1 else "")
-                     if gains else "–")
-        rows.append(f"| {label(system)} | {len(test)} | {cells[0]} | {cells[1]} | {gain_cell} | "
-                    f"{' / '.join(p_values) if p_values else '–'} | {p_all[0]} | {p_all[1]} |")
+            c = compare(work, system, systems[0], args.tuner, reference, args.samples, args.ar_samples)
+            test_signature = c["signature"] or test_signature
+            all_descriptions = c["descriptions"] or all_descriptions
+        rows.append(f"| {label(system)} | {len(test)} | {cells[0]} | {cells[1]} | {c['gain']} | {c['p']} | "
+                    f"{c['p_all'][0]} | {c['p_all'][1]} |")
+    extended = []
+    for pair in args.pairs.split():
+        system, _, base = pair.partition(":")
+        if system in systems and base in systems and _runs(work, system, args.tuner) and _runs(work, base, args.tuner):
+            c = compare(work, system, base, args.tuner, reference, args.samples, args.ar_samples)
+            extended.append(f"| {label(system)} | {label(base)} | {c['gain']} | {c['p']} | {c['p_all'][0]} | "
+                            f"{c['p_all'][1]} |")
     lines = [f"**{args.label}**", ""] if args.label else []
     lines += [f"Tuner: {args.tuner} (mert-moses.pl{TUNER_FLAGS.get(args.tuner, '')}).", "",
               "| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning | p all tunings (AR) "
@@ -551,6 +571,10 @@ def report(args) -> None:
               "between the systems (MultEval, Clark et al. 2011), and a bootstrap over both sentences and tunings, "
               "which also counts a whole tuning's luck as chance (the stricter of the two). "
               "p < 0.05: the difference is significant."]
+    if extended:
+        lines += ["", "Against the system each one extends (the same tests):", "",
+                  "| Models | against | test gain per tuning | p per tuning | p all tunings (AR) "
+                  "| p all tunings (bootstrap) |", "|---|---|---|---|---:|---:|", *extended]
     if signature:
         lines += ["", f"sacrebleu signature: `{signature}`"]
     if test_signature:
@@ -785,6 +809,7 @@ def main(argv=None) -> None:
                                       "the sentences with a word outside the shortlist")
     a.add_argument("--shortlist", help="the word-level RNN's source vocabulary (rnn/model/src.vocab); skipped if absent")
     a.add_argument("--test-trg", help="the tokenized test references (test.TRG): with --networks, the no-unknown subset")
+    a.add_argument("--pairs", default="", help="SYSTEM:BASE pairs tested as each system is against the baseline")
     a.add_argument("--networks", default="", help="networks that translated the test set alone (WORK/NAME/test.detok)")
     a.add_argument("--length-plot", help="PNG of test BLEU by source length of every system and network")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")

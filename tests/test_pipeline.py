@@ -449,8 +449,13 @@ def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
     (tmp_path / "systems" / "rnn" / "mert-1" / "test.bleu.json").write_text(
         json.dumps({"name": "BLEU", "score": 99.0, "signature": sig}))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn",
-             "--tuner", "kbmira", "--test-ref", str(tmp_path / "test.ref"), "--samples", "200", "--ar-samples", "500"])
+             "--tuner", "kbmira", "--test-ref", str(tmp_path / "test.ref"), "--samples", "200", "--ar-samples", "500",
+             "--pairs", "cslm-rnn:rnn rnn:missing"])
     text = (tmp_path / "report.md").read_text()
+    # --pairs: each system against the one it extends (a pair naming a system without tunings is left out)
+    extended = [line for line in text.splitlines() if line.startswith("| CSLM + RNN | RNN |")]
+    assert len(extended) == 1 and "| -3.00 / -2.00 / -1.00 (min -3.00) |" in extended[0]
+    assert "| RNN | missing |" not in text
     rows = {line.split(" | ")[0]: line.rstrip(" |").split(" | ") for line in text.splitlines()
             if line.startswith("| ") and not line.startswith("| Models")}
     assert text.startswith("Tuner: kbmira (mert-moses.pl --batch-mira).")
