@@ -456,7 +456,8 @@ def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
     extended = [line for line in text.splitlines() if line.startswith("| CSLM + RNN | RNN |")]
     assert len(extended) == 1 and "| -3.00 / -2.00 / -1.00 (min -3.00) |" in extended[0]
     assert "| RNN | missing |" not in text
-    rows = {line.split(" | ")[0]: line.rstrip(" |").split(" | ") for line in text.splitlines()
+    main_table = text.split("Against the system each one extends")[0]
+    rows = {line.split(" | ")[0]: line.rstrip(" |").split(" | ") for line in main_table.splitlines()
             if line.startswith("| ") and not line.startswith("| Models")}
     assert text.startswith("Tuner: kbmira (mert-moses.pl --batch-mira).")
     assert rows["| Baseline"][1:] == ["3", "21.00 ± 1.00", "21.00 ± 1.00", "–", "–", "–", "–"]
