@@ -177,7 +177,8 @@ class Generator:
         the K best others stay live. A source is done when it has K finished
         hypotheses or reaches its length limit (where only </s> is allowed).
 
-        Two shortcuts leave the result as it is: a live hypothesis's candidates
+        Two shortcuts leave the result as it is (up to the order of candidates with equal scores, which
+        a near-uniform untrained model has plenty of): a live hypothesis's candidates
         come from its own 2K best words (no other word of it can be among its
         source's 2K best candidates), so only K * 2K candidates per source are
         ranked, in float64; and the sources that are done leave the batch, so
