@@ -136,16 +136,15 @@ def _md(text: str) -> str:
 
 
 def source_count(pair, table: str) -> float:
-    """count(source): the second number of the counts field (the fifth field)."""
-    f = pair.fields
-    counts = f[1].split() if len(f) >= 2 else []
-    if len(counts) < 2:
+    """count(source) (`PhrasePair.source_count`); a line without it is an InputError naming its line."""
+    try:
+        count = pair.source_count
+    except ValueError:
+        raise InputError(table, pair.lineno, f"count {pair.fields[1].split()[1]!r} is not a number") from None
+    if count is None:
         raise InputError(table, pair.lineno, "no counts field 'count(target) count(source) count(pair)' "
                          "(needed to split frequent from rare phrases)")
-    try:
-        return float(counts[1])
-    except ValueError:
-        raise InputError(table, pair.lineno, f"count {counts[1]!r} is not a number") from None
+    return count
 
 
 def table2(

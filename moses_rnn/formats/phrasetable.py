@@ -56,6 +56,14 @@ class PhrasePair:
             return []
         return [f.strip() for f in rest[len(" |||") :].split(" |||")]
 
+    @property
+    def source_count(self) -> float | None:
+        """count(source): the second number of the counts field (the fifth field); None without one.
+        A count that is not a number is a ValueError."""
+        f = self.fields
+        counts = f[1].split() if len(f) >= 2 else []
+        return float(counts[1]) if len(counts) >= 2 else None
+
     def __repr__(self) -> str:
         return f"PhrasePair({self.lineno}, {self.source!r} -> {self.target!r})"
 

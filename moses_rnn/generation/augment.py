@@ -118,10 +118,9 @@ def input_ngrams(path: str, max_ngram: int, gen: Generator) -> list[str]:
 
 
 def _source_count(pair) -> int:
-    f = pair.fields
-    counts = f[1].split() if len(f) >= 2 else []
+    """count(f) from a line's counts field; 0 where the table has none (or not a number there)."""
     try:
-        return int(float(counts[1])) if len(counts) >= 2 else 0
+        return int(pair.source_count or 0)
     except ValueError:
         return 0
 
