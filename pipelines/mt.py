@@ -247,7 +247,12 @@ def _model_row(name: str, folder: Path) -> str | None:
         return None
     _, meta = modeldir.read_config(str(folder), fmt, lambda config: config)
     train = meta.get("train_config", {})
-    budget = f"{train['max_minutes']:g} min" if train.get("max_minutes") else "until early stopping"
+    if train.get("max_minutes"):
+        budget = f"{train['max_minutes']:g} min"
+    elif train.get("max_steps") and train["max_steps"] < 1_000_000:
+        budget = f"{train['max_steps']:,} updates"
+    else:
+        budget = "until early stopping"
     ppl = meta.get("valid_ppl")
     return (f"| {name} | {train.get('preset', '–')} | {modeldir.weight_count(str(folder)) / 1e6:.1f} M "
             f"| {train.get('recipe', '–')} | {budget}, {train.get('threads') or 'all'} thread(s) "
