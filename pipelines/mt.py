@@ -718,12 +718,13 @@ def rerank_apply(args) -> None:
 
 
 # What a run of the pipeline calls, checked before its first step (preflight):
-# Moses's programs and scripts, by tuner and by step, and the Python packages.
+# Moses's programs and scripts, by tuner and by step, and the Python packages
+# (bin/mert for every tuner: the reranked systems tune their weights with it).
 MOSES_NEEDS = ["bin/moses", "bin/lmplz", "bin/build_binary", "bin/extract", "bin/score", "bin/consolidate",
-               "bin/lexical-reordering-score", "bin/extractor", "bin/evaluator",
+               "bin/lexical-reordering-score", "bin/extractor", "bin/mert", "bin/evaluator",
                "scripts/training/train-model.perl", "scripts/training/mert-moses.pl",
                "scripts/training/filter-model-given-input.pl"]
-TUNER_NEEDS = {"mert": ["bin/mert"], "kbmira": ["bin/kbmira"], "pro": ["bin/mert", "bin/pro"]}
+TUNER_NEEDS = {"mert": [], "kbmira": ["bin/kbmira"], "pro": ["bin/pro"]}
 
 
 def preflight(args) -> None:
