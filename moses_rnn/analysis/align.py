@@ -33,16 +33,12 @@ def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5
         raise UserError(f"a {loaded.config.arch!r} model has no alignment; train with --arch rnnsearch")
     if not source.split():
         raise UserError("empty source sentence")
+    gen = Generator(loaded)
     if target is None:
-        target = Generator(loaded).beam_search([source], beam=beam)[0][0].text
+        target = gen.beam_search([source], beam=beam)[0][0].text
     # the units the network reads and predicts: words, or subword units (the picture labels each)
     src_words, tgt_words = loaded.src_vocab.units(source), loaded.tgt_vocab.units(target)
-    dev = next(model.parameters()).device
-    src = torch.tensor([loaded.src_vocab.encode_phrases([source])[0].tolist()], device=dev)
-    tgt = torch.tensor([loaded.tgt_vocab.encode_phrases([target])[0].tolist() + [loaded.tgt_vocab.index[EOS]]],
-                       device=dev)
-    alpha = model.alignment(src, torch.ones_like(src, dtype=torch.bool), tgt)[0]
-    return Alignment(src_words, tgt_words + [EOS], alpha.float().cpu().numpy())
+    return Alignment(src_words, tgt_words + [EOS], gen.attention(source, target))
 
 
 def draw_alignment(a: Alignment, output: str, title: str = "RNNsearch soft alignment") -> None:
