@@ -15,7 +15,12 @@ add the feature (weight 0.1, untuned: this measures speed, not BLEU):
   * server, buffered: the paper's buffer (CSLMBuffer.h), which works with the
     normal stack search, so that row and its own baseline use -search-algorithm 0
     (stack 100);
-  * in-process, buffered: the same with the in-process evaluator.
+  * in-process, buffered: the same with the in-process evaluator;
+  * server, buffered, cube pruning (one row per --cubes value K:A): the
+    buffer's cube-pruning side (CSLMBuffer.h) with the pipeline's search: each
+    new cube's first expansions, (x+1)(y+1) <= K, asked for in one request per
+    stack, and each time a popped expansion's successors miss, that cube's
+    reach grown A times, in one request (on --slow-sentences sentences).
 
 Each row gives the decoding time without loading (wall time minus that of an
 empty input with the same moses.ini), its ratio to its baseline, and the
@@ -158,7 +163,10 @@ def main() -> None:
     ap.add_argument("--slow-sentences", type=int, default=50, help="sentences for the server rows")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "server-buffered", "server"])
+    ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "server-buffered", "server-cube", "server"])
+    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "64:4"], metavar="CORNER:AHEAD",
+                    help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
+                         "and the factor its reach grows by past a miss)")
     ap.add_argument("--work", help="keep the filtered table here (reused when present)")
     ap.add_argument("--quick", action="store_true", help="50 sentences, 10 for the server rows")
     ap.add_argument("--json", help="also write the report here")
@@ -205,6 +213,16 @@ def main() -> None:
         moses_ini(ini, table, local + " buffer=4096")
         rows["cslm_in_process_buffered"] = run_row("in process, buffered", moses, ini, lines, NORMAL_FLAGS,
                                                    args.threads, rows["baseline_normal_search"], args.repeats)
+    if "server-cube" in args.modes:
+        with Server(args.model, self_norm, args.threads) as server:
+            line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 buffer=4096"
+            for cube in args.cubes:
+                corner, _, ahead = cube.partition(":")
+                ini = work / f"cslm-server-cube-{corner}-{ahead}.ini"
+                moses_ini(ini, table, f"{line} corner={corner} ahead={ahead or corner}")
+                rows[f"cslm_server_buffered_cube_{corner}_{ahead or corner}"] = run_row(
+                    f"server, buffered, cube pruning, corner {corner}, ahead {ahead or corner}", moses, ini, slow,
+                    PIPELINE_FLAGS, args.threads, rows["baseline"])
     for mode in ("server-buffered", "server"):
         if mode not in args.modes:
             continue

@@ -5,7 +5,11 @@
 Decodes the first --sentences of newstest2013 with the shared system plus the
 CSLM feature (two scores: ln P and the unknown-word count), a 10-best list per
 sentence, in process, through a server per hypothesis (the first 10 sentences
-only: that mode takes seconds per sentence) and through a server with the buffer. For every hypothesis of every list, Moses's `CSLM0=` log-probability
+only: that mode takes seconds per sentence), through a server with the buffer
+(normal stack search) and with the buffer under cube pruning. Then batching
+must change nothing: the first --exact-sentences decoded with one request per
+hypothesis and with the cube-pruning buffer (one thread, deterministic cube
+pruning) must give byte-identical 1-best output and 10-best lists. For every hypothesis of every list, Moses's `CSLM0=` log-probability
 must equal `cslm score` (with --self-normalized for a self-normalised model) on
 the hypothesis' text within --tolerance, and the unknown-word count must be the
 number of its words outside the shortlist. Then the failure paths: the server
@@ -66,6 +70,25 @@ def check_mode(name, moses, ini, lines, flags, engine, self_norm, tol, work) -> 
     return row
 
 
+def same_output(moses, ini_a, ini_b, lines, work) -> dict:
+    """Decode with each ini (cube pruning, deterministic, one thread, 10-best): byte-identical outputs?"""
+    outs = []
+    for ini in (ini_a, ini_b):
+        nb = work / f"{ini.stem}.exact.nbest"
+        t = time.perf_counter()
+        r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", "1", *PIPELINE_FLAGS,
+                            "-cube-pruning-deterministic-search", "-n-best-list", str(nb), "10"],
+                           input="\n".join(lines) + "\n", capture_output=True, text=True)
+        if r.returncode != 0:
+            return {"ok": False, "error": r.stderr[-2000:]}
+        outs.append((r.stdout, nb.read_text(encoding="utf-8"), round(time.perf_counter() - t, 1)))
+    row = {"sentences": len(lines), "seconds": [outs[0][2], outs[1][2]],
+           "one_best_identical": outs[0][0] == outs[1][0], "nbest_identical": outs[0][1] == outs[1][1]}
+    row["ok"] = row["one_best_identical"] and row["nbest_identical"]
+    print(f"batching exact: {json.dumps(row)}", file=sys.stderr)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -73,6 +96,10 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=50)
     ap.add_argument("--tolerance", type=float, default=1e-3)
     ap.add_argument("--work")
+    ap.add_argument("--corner", type=int, default=16, help="corner= of the buffered cube-pruning mode")
+    ap.add_argument("--ahead", type=int, default=4, help="ahead= of the buffered cube-pruning mode")
+    ap.add_argument("--exact-sentences", type=int, default=10,
+                    help="sentences decoded with and without batching for the byte-identical check")
     args = ap.parse_args()
     require_shared()
     if not args.moses or not (Path(args.moses) / "bin" / "moses").exists():
@@ -103,6 +130,16 @@ def main() -> None:
         moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096")
         report["server_buffered"] = check_mode("server, buffered", moses, ini, lines, NORMAL_FLAGS, engine,
                                                self_norm, args.tolerance, work)
+        cube = f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 corner={args.corner} ahead={args.ahead}"
+        ini = work / "server-buffered-cube.ini"
+        moses_ini(ini, table, cube)
+        report["server_buffered_cube"] = check_mode("server, buffered, cube pruning", moses, ini, lines,
+                                                    PIPELINE_FLAGS, engine, self_norm, args.tolerance, work)
+        # batching changes nothing: one request per hypothesis (no prefetch, no buffer) against the buffer
+        # under cube pruning, one decoder thread and the deterministic search: byte-identical 1-best and n-best
+        plain = work / "server-plain.ini"
+        moses_ini(plain, table, f"CSLM name=CSLM0 port={server.port} path={model} prefetch=0")
+        report["cube_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work)
 
     # failures: no server at load; the server killed while Moses decodes
     ini = work / "absent.ini"

@@ -535,10 +535,30 @@ def test_add_to_moses_registers_once(tmp_path):
                       "  for (h = c.begin(); h != c.end(); ++h)\n    ProcessOneHypothesis(**h);\n  return true;\n}\n"
                       "void SearchNormal::ExpandHypothesis() {\n  if (x) {\n"
                       "    newHypo->EvaluateWhenApplied(estimatedScore);\n  }\n}\n")
+    cube = ff.parent / "BitmapContainer.cpp"  # cube pruning: the cube's two constructor exits, its successors
+    cube.write_text('#include <utility>\n\n#include "BitmapContainer.h"\n#include "Manager.h"\n\n'
+                    "BackwardsEdge::BackwardsEdge() {\n  if (maxDistortion == -1) {\n"
+                    "    for (iter = a.begin(); iter != a.end(); ++iter) {\n      m_hypotheses.push_back(*iter);\n"
+                    "    }\n    return;\n  }\n  HypothesisScoreOrdererWithDistortion orderer (&r, d);\n"
+                    "  std::sort(m_hypotheses.begin(), m_hypotheses.end(), orderer);\n\n}\n\n"
+                    "void\nBackwardsEdge::PushSuccessors(const size_t x, const size_t y)\n{\n  Hypothesis *newHypo;\n}\n")
+    cube_search = ff.parent / "SearchCubePruning.cpp"  # ... and the stack loop that initialises the cubes
+    cube_search.write_text('#include "Manager.h"\n#include "SearchCubePruning.h"\n\nvoid SearchCubePruning::Decode() {\n'
+                           "    const _BMType &accessor = sourceHypoColl.GetBitmapAccessor();\n\n"
+                           "    for(bmIter = accessor.begin(); bmIter != accessor.end(); ++bmIter) {\n"
+                           "      // build the first hypotheses\n      bmIter->second->InitializeEdges();\n    }\n}\n")
     for _ in range(2):
         r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path / "mosesdecoder")],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
+    hooked = cube.read_text()
+    assert hooked.count("CSLMBuffer") == 4 and hooked.count('#include "moses/FF/CSLMBuffer.h"') == 1
+    assert hooked.index("m_hypotheses.push_back(*iter);") < hooked.index("CSLMBuffer::Cube(") < hooked.index("return;")
+    assert hooked.rindex("std::sort(m_hypotheses") < hooked.rindex("CSLMBuffer::Cube(") < hooked.index("PushSuccessors")
+    assert hooked.index("PushSuccessors") < hooked.index("CSLMBuffer::Successors(") < hooked.index("Hypothesis *newHypo")
+    hooked = cube_search.read_text()
+    assert hooked.count("CSLMBuffer") == 2
+    assert hooked.index("GetBitmapAccessor") < hooked.index("CSLMBuffer::Flush();") < hooked.index("InitializeEdges")
     text = factory.read_text()
     assert text.count('#include "moses/FF/CSLM.h"') == 1 and text.count("MOSES_FNAME(CSLM);") == 1
     assert text.index("MOSES_FNAME(ExampleStatefulFF);") < text.index("MOSES_FNAME(CSLM);")

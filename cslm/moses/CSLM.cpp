@@ -47,6 +47,7 @@ struct CSLM::ThreadData {
   std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request
   cslm::NgramCache queued_set;             // ... each once
   std::vector<uint32_t> phrase_ids, ngrams, next;  // EvaluateWhenApplied's working memory
+  std::vector<uint32_t> queue_ids, queue_ngrams, queue_next;  // QueueNgrams's
   std::vector<float> lp, scores;
   size_t requests, evaluated, hits;        // this sentence's (stats=1)
 };
@@ -57,6 +58,8 @@ CSLM::CSLM(const std::string& line)
       m_port(-1),
       m_selfNorm(-1),
       m_buffer(0),
+      m_corner(8),
+      m_ahead(4),
       m_stats(false),
       m_historyCache(16384),
       m_order(0),
@@ -109,6 +112,10 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_historyCache = Scan<size_t>(value);
   } else if (key == "buffer") {
     m_buffer = Scan<size_t>(value);
+  } else if (key == "corner") {
+    m_corner = Scan<size_t>(value);
+  } else if (key == "ahead") {
+    m_ahead = Scan<size_t>(value);
   } else if (key == "future-cost") {
     m_futureCost = Scan<bool>(value) ? 1 : 0;
   } else if (key == "stats") {
@@ -201,20 +208,25 @@ void CSLM::Load(AllOptions::ptr const& opts) {
                        << file << " (" << words.size() << " vs " << n << " words)");
   }
 
-  // The buffer works with the normal stack search, without early discarding (CSLMBuffer.h).
+  // The buffer works with the normal stack search without early discarding,
+  // and with cube pruning (CSLMBuffer.h).
   std::string buffering = "per hypothesis";
   if (m_buffer) {
-    if (opts->search.algo != Normal) {
-      buffering = "per hypothesis (buffer= needs -search-algorithm 0; cube pruning asks per hypothesis)";
-    } else if (opts->search.UseEarlyDiscarding()) {
+    if (opts->search.algo != Normal && opts->search.algo != CubePruning) {
+      buffering = "per hypothesis (buffer= needs -search-algorithm 0 or 1)";
+    } else if (opts->search.algo == Normal && opts->search.UseEarlyDiscarding()) {
       buffering = "per hypothesis (buffer= is off with early discarding)";
     } else {
       CSLMBuffer::Register(this);
       std::ostringstream b;
       b << "buffered, " << m_buffer << " n-grams per request";
+      if (opts->search.algo == CubePruning)
+        b << ", cube pruning asking ahead " << m_corner << " expansions of a new cube and " << m_ahead
+          << " past a miss";
       buffering = b.str();
     }
   }
+  UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
   std::cerr << who << ": CSLM " << where.str() << ", order " << m_order << ", vocabulary " << words.size();
   if (m_local_model)
     std::cerr << ", " << (m_selfNorm ? "self-normalised (o_w)" : "exact softmax") << ", premultiplied tables "
@@ -448,13 +460,13 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   return new CSLMState(td.next);
 }
 
-size_t CSLM::Queue(const Hypothesis& hypo) const {
-  ThreadData& td = Local();
-  const CSLMState& prev = static_cast<const CSLMState&>(*hypo.GetPrevHypo()->GetFFState(m_stateIndex));
-  std::vector<uint32_t> ids, ngrams, next;
-  PhraseIds(td, hypo.GetCurrTargetPhrase(), &ids);
-  const size_t count =
-      cslm::boundary_ngrams(prev.Words(), ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos, &ngrams, &next);
+size_t CSLM::QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase,
+                         bool complete) const {
+  std::vector<uint32_t>& ids = td.queue_ids;
+  std::vector<uint32_t>& ngrams = td.queue_ngrams;
+  ngrams.clear();
+  PhraseIds(td, phrase, &ids);
+  const size_t count = cslm::boundary_ngrams(state, ids, complete, m_order, m_bos, m_eos, &ngrams, &td.queue_next);
   for (size_t i = 0; i < count; ++i) {
     const uint32_t* g = &ngrams[i * m_order];
     float lp;
@@ -466,6 +478,18 @@ size_t CSLM::Queue(const Hypothesis& hypo) const {
   }
   return td.queued.size() / m_order;
 }
+
+size_t CSLM::Queue(const Hypothesis& hypo) const {
+  const CSLMState& prev = static_cast<const CSLMState&>(*hypo.GetPrevHypo()->GetFFState(m_stateIndex));
+  return QueueNgrams(Local(), prev.Words(), hypo.GetCurrTargetPhrase(), hypo.IsSourceCompleted());
+}
+
+size_t CSLM::QueueExpansion(const Hypothesis& prev, const TranslationOption& option, bool complete) const {
+  const CSLMState& state = static_cast<const CSLMState&>(*prev.GetFFState(m_stateIndex));
+  return QueueNgrams(Local(), state.Words(), option.GetTargetPhrase(), complete);
+}
+
+size_t CSLM::Queued() const { return Local().queued.size() / m_order; }
 
 void CSLM::ScoreQueued() const {
   ThreadData& td = Local();

@@ -6,6 +6,7 @@
 //   CSLM name=CSLM0 path=/models/cslm order=7                       # in process (CPU)
 //   CSLM name=CSLM0 path=/models/cslm order=7 future-cost=false     # ... without the CSLM in the estimate
 //   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096          # a server (GPU, shared)
+//   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096 corner=16  # ... asking 16 expansions a cube ahead
 //   [weight]
 //   CSLM0= 0.1 -0.1
 //
@@ -13,8 +14,9 @@
 // self-normalised model (`cslm train --self-norm`) is asked for o_w alone,
 // another for the exact softmax (self-normalized=auto|true|false).
 // Through a server (port=): one request per hypothesis whose n-grams miss the
-// cache (with prefetch), or, with buffer=N in the normal stack search, one
-// request per N queued n-grams or per stack (CSLMBuffer.h).
+// cache (with prefetch), or, with buffer=N, one request per N queued n-grams
+// or per stack, in the normal stack search and under cube pruning (there also
+// one per cube whose next expansions were not asked ahead; CSLMBuffer.h).
 //
 // Scores: (1) the natural-log probability of the target words (and of </s>
 // when a hypothesis completes the sentence); (2) with num-features=2 (the
@@ -46,6 +48,7 @@ namespace Moses {
 
 class Factor;
 class Phrase;
+class TranslationOption;
 
 // The last order-1 target words (server ids), the sentence start being <s>.
 class CSLMState : public FFState {
@@ -91,11 +94,21 @@ class CSLM : public StatefulFeatureFunction {
                                ScoreComponentCollection* accumulator) const;
 
   // The buffer (CSLMBuffer.h). BufferSize: n-grams per buffered request.
+  // Corner, Ahead: under cube pruning, how many expansions of a new cube are
+  // asked for ahead, and by what factor that grows each time the cube's
+  // successors miss.
   // Queue: adds the boundary n-grams of a new hypothesis that the cache lacks to
-  // this thread's queue; returns the queue's length. ScoreQueued: scores the
-  // queue into the cache (one request per BufferSize n-grams) and empties it.
+  // this thread's queue; returns the queue's length. QueueExpansion: the same
+  // for the hypothesis that `option` would make from `prev` (`complete`: it
+  // would cover the whole source), without making it. Queued: the queue's
+  // length. ScoreQueued: scores the queue into the cache (one request per
+  // BufferSize n-grams) and empties it.
   size_t BufferSize() const { return m_buffer; }
+  size_t Corner() const { return m_corner; }
+  size_t Ahead() const { return m_ahead; }
   size_t Queue(const Hypothesis& hypo) const;
+  size_t QueueExpansion(const Hypothesis& prev, const TranslationOption& option, bool complete) const;
+  size_t Queued() const;
   void ScoreQueued() const;
 
  protected:
@@ -117,6 +130,9 @@ class CSLM : public StatefulFeatureFunction {
   void Fatal(const std::string& message) const;
   // True, with their log-probabilities, if the first `count` n-grams are all in the thread's cache.
   bool Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
+  // Queues the boundary n-grams of `phrase` after `state` that neither the
+  // cache nor the queue holds; returns the queue's length.
+  size_t QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase, bool complete) const;
   // Appends the boundary n-grams of `state` followed by up to m_prefetch other
   // options of hypo's source span.
   void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
@@ -126,6 +142,8 @@ class CSLM : public StatefulFeatureFunction {
   int m_port;              // -1: in process
   int m_selfNorm;          // in process: 1 o_w alone, 0 the softmax, -1 as the model was trained
   size_t m_buffer;         // n-grams per buffered request; 0: no buffer
+  size_t m_corner;         // cube pruning with the buffer: a new cube's expansions (x+1)(y+1) <= corner asked ahead
+  size_t m_ahead;          // ... and each time a cube leaves what was asked, `ahead` times more of it
   bool m_stats;
   size_t m_historyCache;   // in process: hidden layers cached per thread, by history (slots)
   unsigned m_order;        // the server's n (order= in the ini must agree)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # add-to-moses.sh MOSES_DIR -- copy the CSLM feature function into a Moses
 # checkout (mosesdecoder), register it in moses/FF/Factory.cpp, and hook the
-# n-gram buffer (CSLMBuffer.h) into moses/SearchNormal.cpp. It builds nothing:
+# n-gram buffer (CSLMBuffer.h) into moses/SearchNormal.cpp (the normal stack search),
+# moses/BitmapContainer.cpp and moses/SearchCubePruning.cpp (cube pruning). It builds nothing:
 # rebuild Moses afterwards with its usual bjam command.
 # Running it again refreshes the copied sources; registration and hook are added once.
 set -euo pipefail
@@ -38,5 +39,32 @@ if ! grep -q 'CSLMBuffer' "$search"; then
   [ "$(grep -c 'CSLMBuffer' "$search.cslm.tmp")" = 3 ] \
     || { rm -f "$search.cslm.tmp"; echo "add-to-moses.sh: could not hook the CSLM buffer into $search (a Moses version this script does not know?)" >&2; exit 1; }
   mv "$search.cslm.tmp" "$search"
+fi
+# Cube pruning's side of the buffer: ask for each new cube's corner when it is built, score
+# the queue before a stack's cubes are initialised, and ask ahead of a cube's successors.
+cube=$moses/moses/BitmapContainer.cpp
+cubesearch=$moses/moses/SearchCubePruning.cpp
+for f in "$cube" "$cubesearch"; do
+  [ -f "$f" ] || { echo "add-to-moses.sh: $f not found: is $moses a mosesdecoder checkout?" >&2; exit 1; }
+done
+if ! grep -q 'CSLMBuffer' "$cube"; then
+  perl -0p -e '
+    s{(#include "BitmapContainer.h"\n)}{$1#include "moses/FF/CSLMBuffer.h"\n};
+    s{(\n\s*m_hypotheses.push_back\(\*iter\);\n\s*\}\n)(\s*)(return;)}{$1$2CSLMBuffer::Cube(m_hypotheses, m_translations, m_parent.GetWordsBitmap());  // the CSLM buffer: ask for the corner\n$2$3};
+    s{(\n(\s*)std::sort\(m_hypotheses.begin\(\), m_hypotheses.end\(\), orderer\);\n)}{$1$2CSLMBuffer::Cube(m_hypotheses, m_translations, m_parent.GetWordsBitmap());  // the CSLM buffer: ask for the corner\n};
+    s{(BackwardsEdge::PushSuccessors\(const size_t x, const size_t y\)\n\{\n)}{$1  CSLMBuffer::Successors(m_hypotheses, m_translations, m_parent.GetWordsBitmap(), x, y);  // the CSLM buffer: ask ahead\n};
+  ' "$cube" > "$cube.cslm.tmp"
+  [ "$(grep -c 'CSLMBuffer' "$cube.cslm.tmp")" = 4 ] \
+    || { rm -f "$cube.cslm.tmp"; echo "add-to-moses.sh: could not hook the CSLM buffer into $cube (a Moses version this script does not know?)" >&2; exit 1; }
+  mv "$cube.cslm.tmp" "$cube"
+fi
+if ! grep -q 'CSLMBuffer' "$cubesearch"; then
+  perl -0p -e '
+    s{(#include "SearchCubePruning.h"\n)}{$1#include "moses/FF/CSLMBuffer.h"\n};
+    s{(\n)(\s*)(for\(bmIter = accessor.begin\(\); bmIter != accessor.end\(\); \+\+bmIter\) \{\n\s*// build the first hypotheses)}{$1$2CSLMBuffer::Flush();  // the CSLM buffer: score the cubes built so far\n$2$3};
+  ' "$cubesearch" > "$cubesearch.cslm.tmp"
+  [ "$(grep -c 'CSLMBuffer' "$cubesearch.cslm.tmp")" = 2 ] \
+    || { rm -f "$cubesearch.cslm.tmp"; echo "add-to-moses.sh: could not hook the CSLM buffer into $cubesearch (a Moses version this script does not know?)" >&2; exit 1; }
+  mv "$cubesearch.cslm.tmp" "$cubesearch"
 fi
 echo "CSLM added to $moses; now rebuild Moses (e.g. ./bjam -j4 in $moses)"

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include <algorithm>
+#include <utility>
 
 namespace cslm {
 
@@ -81,6 +82,18 @@ inline size_t boundary_ngrams(const std::vector<uint32_t>& state, const std::vec
   const size_t keep = seq.size() < order - 1 ? seq.size() : order - 1;
   next_state->assign(seq.end() - keep, seq.end());
   return count;
+}
+
+// Cube pruning's likely next expansions (CSLMBuffer.h): the cells (x+i, y+j)
+// of an nx-by-ny cube with i, j >= 0 and (i+1)(j+1) <= corner, row by row.
+// A cube is explored from its best corner outwards, best first along both
+// axes, so the cells it reaches soonest lie under this hyperbola. (x, y)
+// itself comes first; corner 0 gives nothing.
+inline void cube_corner(size_t x, size_t y, size_t nx, size_t ny, size_t corner,
+                        std::vector<std::pair<size_t, size_t> >* out) {
+  out->clear();
+  for (size_t i = 0; x + i < nx && i + 1 <= corner; ++i)
+    for (size_t j = 0; y + j < ny && (i + 1) * (j + 1) <= corner; ++j) out->push_back(std::make_pair(x + i, y + j));
 }
 
 // A bounded map from n-gram to (log-probability, flags). When it holds

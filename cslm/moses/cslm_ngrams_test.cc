@@ -100,6 +100,25 @@ int main() {
   cache.make_room(2);  // two more do not: emptied, so both will stay
   CHECK(cache.size() == 0);
 
+  // cube pruning's corner: (x+i, y+j) with (i+1)(j+1) <= corner, inside the cube, (x, y) first
+  std::vector<std::pair<size_t, size_t> > cells;
+  cslm::cube_corner(0, 0, 10, 10, 8, &cells);
+  CHECK(cells.size() == 8 + 4 + 2 + 2 + 1 + 1 + 1 + 1);
+  CHECK(cells[0] == std::make_pair(size_t(0), size_t(0)));
+  std::set<std::pair<size_t, size_t> > in(cells.begin(), cells.end());
+  CHECK(in.size() == cells.size());
+  for (size_t i = 0; i < 10; ++i)
+    for (size_t j = 0; j < 10; ++j) CHECK(in.count(std::make_pair(i, j)) == ((i + 1) * (j + 1) <= 8 ? 1u : 0u));
+  cslm::cube_corner(1, 1, 2, 3, 8, &cells);  // clipped by the cube's edges
+  CHECK(cells.size() == 2 && cells[0] == std::make_pair(size_t(1), size_t(1)) &&
+        cells[1] == std::make_pair(size_t(1), size_t(2)));
+  cslm::cube_corner(3, 4, 10, 10, 1, &cells);
+  CHECK(cells.size() == 1 && cells[0] == std::make_pair(size_t(3), size_t(4)));
+  cslm::cube_corner(0, 0, 10, 10, 0, &cells);
+  CHECK(cells.empty());
+  cslm::cube_corner(0, 0, 0, 10, 8, &cells);
+  CHECK(cells.empty());
+
   if (failures) return 1;
   std::printf("cslm_ngrams: all checks passed\n");
   return 0;
