@@ -161,8 +161,8 @@ def _runs(work: Path, system: str, tuner: str = "mert") -> dict[str, Path]:
     of K; a folder with its own bleu.json, the layout of a single tuning, counts as one run named '')."""
     folder = work / "systems" / system
     prefix = f"{tuner}-"
-    runs = {d.name: d for d in sorted(folder.glob(prefix + "*"), key=lambda d: int(d.name[len(prefix):]))
-            if d.is_dir() and d.name[len(prefix):].isdigit()}
+    folders = [d for d in folder.glob(prefix + "*") if d.is_dir() and d.name[len(prefix):].isdigit()]
+    runs = {d.name: d for d in sorted(folders, key=lambda d: int(d.name[len(prefix):]))}
     if not runs and (folder / "test.bleu.json").exists():
         runs[""] = folder
     return runs
@@ -538,11 +538,12 @@ def report(args) -> None:
     (significance.py); with --pairs, the same against the system each one extends;
     the health of every tuning; the networks, perplexities and step times."""
     work = Path(args.work)
+    tuning = tuning_name(args.tuner, args.restarts)
     systems = args.systems.replace(",", " ").split()
     reference = _lines(Path(args.test_ref)) if args.test_ref else None
     rows, signature, test_signature, all_descriptions = [], None, None, []
     for system in systems:
-        runs = _runs(work, system, args.tuner)
+        runs = _runs(work, system, tuning)
         dev = [b for b in (_bleu(d / "dev.bleu.json") for d in runs.values()) if b]
         test = [b for b in (_bleu(d / "test.bleu.json") for d in runs.values()) if b]
         if not dev and not test:
@@ -551,7 +552,7 @@ def report(args) -> None:
         cells = [_mean_sd([b["score"] for b in part]) if part else "–" for part in (dev, test)]
         c = {"gain": "–", "p": "–", "p_all": ["–", "–"]}
         if system != systems[0]:
-            c = compare(work, system, systems[0], args.tuner, reference, args.samples, args.ar_samples)
+            c = compare(work, system, systems[0], tuning, reference, args.samples, args.ar_samples)
             test_signature = c["signature"] or test_signature
             all_descriptions = c["descriptions"] or all_descriptions
         rows.append(f"| {label(system)} | {len(test)} | {cells[0]} | {cells[1]} | {c['gain']} | {c['p']} | "
@@ -559,12 +560,14 @@ def report(args) -> None:
     extended = []
     for pair in args.pairs.split():
         system, _, base = pair.partition(":")
-        if system in systems and base in systems and _runs(work, system, args.tuner) and _runs(work, base, args.tuner):
-            c = compare(work, system, base, args.tuner, reference, args.samples, args.ar_samples)
+        if system in systems and base in systems and _runs(work, system, tuning) and _runs(work, base, tuning):
+            c = compare(work, system, base, tuning, reference, args.samples, args.ar_samples)
             extended.append(f"| {label(system)} | {label(base)} | {c['gain']} | {c['p']} | {c['p_all'][0]} | "
                             f"{c['p_all'][1]} |")
     lines = [f"**{args.label}**", ""] if args.label else []
-    lines += [f"Tuner: {args.tuner} (mert-moses.pl{TUNER_FLAGS.get(args.tuner, '')}).", "",
+    restarts = f", --random-restarts {args.restarts}" if args.tuner == "mert" else ""
+    lines += [f"Tuner: {args.tuner} (mert-moses.pl{TUNER_FLAGS.get(args.tuner, '')}{restarts}); tunings "
+              f"systems/SYSTEM/{tuning}-K.", "",
               "| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning | p all tunings (AR) "
               "| p all tunings (bootstrap) |",
               "|---|---:|---:|---:|---|---|---:|---:|", *rows]
@@ -602,7 +605,7 @@ def report(args) -> None:
     if (work / "times.tsv").exists():
         lines += ["", "| Step | runs | median min | total min |", "|---|---:|---:|---:|", *_step_times(work / "times.tsv")]
     if args.dev_ref:
-        curves = mert_curves(work, systems, Path(args.dev_ref), args.tuner)
+        curves = mert_curves(work, systems, Path(args.dev_ref), tuning)
         if curves:
             health = [tuning_health(scores)["verdict"] for runs in curves.values() for scores in runs.values()]
             bad = sum(v in ("failed", "collapsed") for v in health)
@@ -617,12 +620,12 @@ def report(args) -> None:
                 plot_mert(curves, args.plot, args.label or f"dev BLEU of each {args.tuner} iteration's 1-best output",
                           args.tuner)
                 lines += ["", f"Dev BLEU per {args.tuner} iteration: `{Path(args.plot).name}`"]
-    weights = column_weights(work, systems, args.tuner)
+    weights = column_weights(work, systems, tuning)
     if weights:
         lines += ["", "Tuned weights of the network columns (and their share of the sum of all weights' absolute "
                   "values):", "", "| Tuning | network column | share | CSLM (share) |", "|---|---:|---:|---:|", *weights]
     if args.shortlist and Path(args.shortlist).exists() and args.test_src and args.test_ref:
-        count, rows = shortlist_miss_bleu(work, systems, args.tuner, Path(args.test_src), Path(args.test_ref),
+        count, rows = shortlist_miss_bleu(work, systems, tuning, Path(args.test_src), Path(args.test_ref),
                                           Path(args.shortlist))
         if rows:
             lines += ["", f"BLEU on the {count:,} test sentences with a source word outside the word-level RNN's "
@@ -630,10 +633,10 @@ def report(args) -> None:
                       "| Models | tunings | BLEU test, those sentences |", "|---|---:|---:|", *rows]
     networks = args.networks.split() if args.networks else []
     if networks and args.test_src and args.test_trg and args.test_ref:
-        lines += ["", *network_rows(work, networks, systems, args.tuner, Path(args.test_src), Path(args.test_trg),
+        lines += ["", *network_rows(work, networks, systems, tuning, Path(args.test_src), Path(args.test_trg),
                                     Path(args.test_ref))]
     if args.length_plot and args.test_src and args.test_ref:
-        table = plot_lengths(work, [*systems, *networks], args.tuner, Path(args.test_src), Path(args.test_ref),
+        table = plot_lengths(work, [*systems, *networks], tuning, Path(args.test_src), Path(args.test_ref),
                              args.length_plot)
         lines += ["", f"Test BLEU by source length, tunings pooled (`{Path(args.length_plot).name}`):", "", *table]
     if args.training_plot and plot_training(work, args.training_plot):
@@ -647,6 +650,13 @@ def report(args) -> None:
 
 # the mert-moses.pl options each TUNER value adds (pipelines/Makefile), for the report's first line
 TUNER_FLAGS = {"mert": "", "kbmira": " --batch-mira", "pro": " --pairwise-ranked, megam by pipelines/megam.py"}
+MERT_RESTARTS = 20  # mert-moses.pl's default --random-restarts
+
+
+def tuning_name(tuner: str, restarts: int = MERT_RESTARTS) -> str:
+    """The prefix of a system's tuning folders, systems/SYSTEM/NAME-K: the tuner, with -rN for mert
+    run with N random restarts other than mert-moses.pl's 20 (pipelines/Makefile's TUNING)."""
+    return f"{tuner}-r{restarts}" if tuner == "mert" and restarts != MERT_RESTARTS else tuner
 
 
 def table_path(args) -> None:
@@ -806,6 +816,9 @@ def main(argv=None) -> None:
                         "of the paired tests")
     a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
     a.add_argument("--tuner", default="mert", choices=sorted(TUNER_FLAGS), help="whose tunings: systems/S/TUNER-K")
+    a.add_argument("--restarts", type=int, default=MERT_RESTARTS,
+                   help="mert's random restarts (pipelines/Makefile's RESTARTS): other than 20, the tunings are "
+                        "systems/S/mert-rN-K")
     a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
     a.add_argument("--ar-samples", type=int, default=10000, help="samples of the two tests over all tunings")
     a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")

@@ -393,7 +393,7 @@ def test_detok_and_report(tmp_path):
     assert ("(1,000 tokens): CSLM 102.2, KenLM 5-gram 286.2; on the 900 tokens in the CSLM's shortlist: "
             "CSLM 128.7, KenLM 129.0. Self-normalisation: ln Z mean -0.01, sd 0.57.") in (tmp_path / "report.md").read_text()
     table = (tmp_path / "report.md").read_text().splitlines()
-    assert table[0] == "Tuner: mert (mert-moses.pl)."
+    assert table[0] == "Tuner: mert (mert-moses.pl, --random-restarts 20); tunings systems/SYSTEM/mert-K."
     assert table[2] == ("| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning "
                         "| p all tunings (AR) | p all tunings (bootstrap) |")
     assert "| Baseline | 1 | 20.10 | 21.50 | – | – | – | – |" in table
@@ -444,10 +444,11 @@ def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
             for part in ("dev", "test"):
                 (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
             (d / "test.detok").write_text("\n".join(outputs[system]) + "\n")
-    # another tuner's runs in the same work folder are not this report's
-    (tmp_path / "systems" / "rnn" / "mert-1").mkdir()
-    (tmp_path / "systems" / "rnn" / "mert-1" / "test.bleu.json").write_text(
-        json.dumps({"name": "BLEU", "score": 99.0, "signature": sig}))
+    # another tuner's runs in the same work folder are not this report's, nor mert's with 0 restarts
+    for other in ("mert-1", "mert-r0-1"):
+        (tmp_path / "systems" / "rnn" / other).mkdir()
+        (tmp_path / "systems" / "rnn" / other / "test.bleu.json").write_text(
+            json.dumps({"name": "BLEU", "score": 99.0, "signature": sig}))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn",
              "--tuner", "kbmira", "--test-ref", str(tmp_path / "test.ref"), "--samples", "200", "--ar-samples", "500",
              "--pairs", "cslm-rnn:rnn rnn:missing"])
@@ -459,7 +460,7 @@ def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
     main_table = text.split("Against the system each one extends")[0]
     rows = {line.split(" | ")[0]: line.rstrip(" |").split(" | ") for line in main_table.splitlines()
             if line.startswith("| ") and not line.startswith("| Models")}
-    assert text.startswith("Tuner: kbmira (mert-moses.pl --batch-mira).")
+    assert text.startswith("Tuner: kbmira (mert-moses.pl --batch-mira); tunings systems/SYSTEM/kbmira-K.")
     assert rows["| Baseline"][1:] == ["3", "21.00 ± 1.00", "21.00 ± 1.00", "–", "–", "–", "–"]
     assert rows["| RNN"][3] == "23.00 ± 0.00"
     assert rows["| RNN"][4] == "+3.00 / +2.00 / +1.00 (min +1.00)"  # each tuning against the baseline's same seed
@@ -685,6 +686,19 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     assert report.startswith("**BUDGET=1 (a test)**") and "`mert.png`" in report
     assert "| RNN mert-1 | 3 | " in report and report.count("| ok |") == 4
     assert "0 of 4 tunings failed or collapsed, 0 dipped" in report
+    # mert with 0 random restarts (RESTARTS=0): its own folders, mert-r0-K
+    d = tmp_path / "systems" / "baseline" / "mert-r0-1"
+    d.mkdir()
+    for part, score in (("dev", 11.0), ("test", 17.5)):
+        (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
+    assert mt.tuning_name("mert", 0) == "mert-r0" and mt.tuning_name("mert") == "mert" == mt.tuning_name("mert", 20)
+    assert mt.tuning_name("kbmira", 0) == "kbmira"
+    mt.main(["report", str(tmp_path), str(tmp_path / "r0.md"), "--systems", "baseline rnn", "--restarts", "0"])
+    report = (tmp_path / "r0.md").read_text()
+    assert report.startswith("Tuner: mert (mert-moses.pl, --random-restarts 0); tunings systems/SYSTEM/mert-r0-K.")
+    assert "| Baseline | 1 | 11.00 | 17.50 |" in report and "| RNN |" not in report
+    mt.main(["report", str(tmp_path), str(tmp_path / "r20.md"), "--systems", "baseline rnn"])  # mert-K alone
+    assert "| Baseline | 2 | 20.00 ± 0.00 | 20.00 ± 0.00 |" in (tmp_path / "r20.md").read_text()
 
 
 @pytest.mark.parametrize("scores,verdict", [
@@ -879,6 +893,19 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
     assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 24 and "--nbest 300" not in r.stdout
+    # RESTARTS: mert's random restarts; other than 20 its tunings get their own folders and report
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0")
+    assert (r.returncode == 0) == (tuner != "mert")  # mert: three tunings from one seedless optimiser
+    if tuner == "mert":
+        assert "RESTARTS=0 leaves mert's seed nothing to draw, so the RUNS=3 tunings would be identical" in r.stderr
+        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0", RUNS="1")
+        assert r.returncode == 0, r.stderr
+        assert f"{w}/systems/baseline/mert-r0-2/" not in r.stdout
+    tuning = "mert-r0" if tuner == "mert" else tuner
+    assert r.stdout.count("--random-restarts 0 ") == (8 if tuner == "mert" else 0)
+    assert f"{w}/systems/baseline/{tuning}-{1 if tuner == 'mert' else 3}/tuned.ini" in r.stdout and f"{w}/report.{tuning}.png" in r.stdout
+    assert (f"{w}/systems/baseline/{tuner}-1/" in r.stdout) == (tuner != "mert")
+    assert "--restarts 0 " in r.stdout and (f"tune-baseline.{tuning} " in r.stdout) == (tuner == "mert")
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
