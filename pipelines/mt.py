@@ -341,7 +341,7 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: no curve hidden
     fig.tight_layout()
     tmp = output + ".tmp.png"
-    fig.savefig(tmp)
+    fig.savefig(tmp, bbox_inches="tight")  # cropped to the axes and the legend below them
     plt.close(fig)
     Path(tmp).replace(output)
 
