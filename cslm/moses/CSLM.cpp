@@ -221,8 +221,8 @@ void CSLM::Load(AllOptions::ptr const& opts) {
       std::ostringstream b;
       b << "buffered, " << m_buffer << " n-grams per request";
       if (opts->search.algo == CubePruning)
-        b << ", cube pruning asking ahead " << m_corner << " expansions of a new cube and " << m_ahead
-          << " past a miss";
+        b << ", cube pruning asking ahead " << m_corner << " expansions of a new cube, its reach grown "
+          << m_ahead << "x past a miss";
       buffering = b.str();
     }
   }
