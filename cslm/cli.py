@@ -59,7 +59,7 @@ def main():
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
 @click.option("--vocab-size", type=int, help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
 @click.option("--max-epochs", type=click.IntRange(min=0), default=100, show_default=True)
-@click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time (resumable).")
+@click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time in all (a resumed run gets what is left).")
 @click.option("--patience", type=click.IntRange(min=0), default=10, show_default=True,
               help="Stop after this many epochs without held-out improvement.")
 @click.option("--valid-fraction", type=Number(min=0, max=1), default=0.001, show_default=True,

@@ -49,7 +49,7 @@ def main():
                    "equal-length pairs, Adam, sampled softmax, --dtype auto (see README).")
 @click.option("--max-steps", type=click.IntRange(min=0), default=20000, show_default=True,
               help="Stop after this many updates.")
-@click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time.")
+@click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time in all (a resumed run gets what is left).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Pairs per update [recipe's: fast 128, paper 64].")
 @click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="[recipe's: fast adam, paper adadelta].")
 @click.option("--lr", type=Number(min=0), help="Learning rate [recipe's: fast (adam) 2e-3, paper (adadelta) 1.0].")

@@ -16,7 +16,8 @@ written once:
   interrupted one would have seen;
 - held-out perplexity every `eval_every` steps, the best weights kept,
   optional early stopping after `patience` evaluations without improvement;
-- the `max_steps` / `max_minutes` limits, a progress bar with the moving
+- the `max_steps` / `max_minutes` limits, both over the whole training (a
+  resumed run gets what an interrupted one left), a progress bar with the moving
   average of the loss, and a JSON-ready summary with `<unit>_seen` and
   `train_seconds` (time in training steps only, without start-up and
   evaluation), so any script can compute the training rate.
@@ -85,6 +86,9 @@ class LoopState:
     train_seconds: float = 0.0
     examples_seen: int = 0
     saved: bool = False  # whether model.safetensors has been written
+    # wall-clock seconds of the runs so far, start-up excluded, up to the last checkpoint: what
+    # max_minutes counts, so a resumed run gets the rest of the budget, not a new one
+    wall_seconds: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoopState":
@@ -316,6 +320,10 @@ class Trainer(ABC):
 
         start = time.perf_counter()
         run_start_step, run_start_seconds, run_start_seen = loop.step, loop.train_seconds, loop.examples_seen
+        run_start_wall = loop.wall_seconds
+
+        def wall() -> float:  # the whole training's wall-clock seconds, this run's included
+            return run_start_wall + time.perf_counter() - start
         watch = Stopwatch(loop.train_seconds)
         bar = tqdm(total=schedule.max_steps, initial=loop.step, unit="step", dynamic_ncols=True,
                    disable=not (self.progress and dist.is_main))
@@ -325,7 +333,7 @@ class Trainer(ABC):
             if schedule.patience is not None and loop.since_best >= schedule.patience:
                 stopped = "patience"
                 break
-            over = cfg.max_minutes is not None and time.perf_counter() - start > 60 * cfg.max_minutes
+            over = cfg.max_minutes is not None and wall() > 60 * cfg.max_minutes
             if dist.enabled:  # every rank must stop at the same step
                 over = dist.all_sum([float(over)], self.device)[0] > 0
             if over:
@@ -352,14 +360,14 @@ class Trainer(ABC):
             if loop.step % schedule.eval_every == 0 or loop.step == schedule.max_steps:
                 ppl, evaluated_at = self.evaluate(model), loop.step
                 record(ppl)
-                loop.train_seconds = watch.seconds
+                loop.train_seconds, loop.wall_seconds = watch.seconds, wall()
                 checkpoint(ppl)
             rate = (loop.examples_seen - run_start_seen) / max(watch.seconds - run_start_seconds, 1e-9)
             bar.set_postfix(loss=f"{loss_ema:.3f}", valid_ppl=f"{ppl:.2f}", **{f"{self.unit}_s": f"{rate:.0f}"},
                             refresh=False)
             bar.update(1)
         bar.close()
-        loop.train_seconds = watch.seconds
+        loop.train_seconds, loop.wall_seconds = watch.seconds, wall()
         if evaluated_at != loop.step and stopped != "patience":  # stopped by the clock, or nothing to do
             ppl = self.evaluate(model)
             if loop.step > run_start_step:

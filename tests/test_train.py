@@ -34,6 +34,23 @@ def test_resume_continues_exactly(tmp_path, example_table):
         assert torch.allclose(a[k], b[k], atol=1e-6), k
 
 
+def test_max_minutes_bounds_the_whole_training_across_resumes(tmp_path, example_table):
+    """The wall-clock budget is the training's, as max_steps is: a resumed run gets what is left."""
+    base = dict(preset="tiny", eval_every=10, valid_pairs=20, device="cpu", seed=7, dtype="fp32")
+    train(str(example_table), str(tmp_path / "m"), TrainConfig(max_steps=20, **base), progress=False)
+    spent = Checkpoint.load(str(tmp_path / "m")).loop.wall_seconds
+    assert spent > 0
+    # a budget already spent: the resumed run stops at once, by the clock, at the same step
+    done = train(str(example_table), str(tmp_path / "m"), TrainConfig(max_steps=40, max_minutes=spent / 120, **base),
+                 resume=True, progress=False)
+    assert done["stopped"] == "max_minutes" and done["steps"] == 20
+    # a budget left: it goes on, and the time adds up
+    done = train(str(example_table), str(tmp_path / "m"), TrainConfig(max_steps=40, max_minutes=60, **base),
+                 resume=True, progress=False)
+    assert done["stopped"] == "max_steps" and done["steps"] == 40
+    assert Checkpoint.load(str(tmp_path / "m")).loop.wall_seconds > spent
+
+
 def test_cli_train_and_model_dir_layout(tmp_path, example_table):
     out = tmp_path / "m"
     r = CliRunner().invoke(main, ["train", str(example_table), "-o", str(out), "--preset", "tiny", "--max-steps", "5",
