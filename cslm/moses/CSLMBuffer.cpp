@@ -43,6 +43,17 @@ boost::unordered_map<const void*, size_t>& ReachHere() {
   return reach;
 }
 
+// Queues the boundary n-grams of the cube's expansions (x+i, y+j), (i+1)(j+1) <= corner
+// (cslm::cube_corner); returns the queue's length.
+size_t QueueCorner(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
+                   bool complete, size_t x, size_t y, size_t corner) {
+  std::vector<std::pair<size_t, size_t> >& cells = CellsHere();
+  cslm::cube_corner(x, y, predecessors.size(), options.size(), corner, &cells);
+  for (size_t k = 0; k < cells.size(); ++k)
+    g_feature->QueueExpansion(*predecessors[cells[k].first], *options.Get(cells[k].second), complete);
+  return g_feature->Queued();
+}
+
 }  // namespace
 
 void CSLMBuffer::Register(const CSLM* feature) { g_feature = feature; }
@@ -70,13 +81,8 @@ void CSLMBuffer::Flush() {
 void CSLMBuffer::Cube(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
                       const Bitmap& coverage) {
   if (!g_feature) return;
-  const bool complete = coverage.IsComplete();
-  std::vector<std::pair<size_t, size_t> >& cells = CellsHere();
-  cslm::cube_corner(0, 0, predecessors.size(), options.size(), g_feature->Corner(), &cells);
-  size_t queued = 0;
-  for (size_t k = 0; k < cells.size(); ++k)
-    queued = g_feature->QueueExpansion(*predecessors[cells[k].first], *options.Get(cells[k].second), complete);
-  if (queued >= g_feature->BufferSize()) g_feature->ScoreQueued();
+  if (QueueCorner(predecessors, options, coverage.IsComplete(), 0, 0, g_feature->Corner()) >= g_feature->BufferSize())
+    g_feature->ScoreQueued();
 }
 
 void CSLMBuffer::Successors(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
@@ -94,15 +100,8 @@ void CSLMBuffer::Successors(const std::vector<const Hypothesis*>& predecessors, 
   if (corner == 0) corner = g_feature->Corner();
   const size_t cells_in_cube = predecessors.size() * options.size();
   corner = corner > cells_in_cube / g_feature->Ahead() ? cells_in_cube : corner * g_feature->Ahead();
-  std::vector<std::pair<size_t, size_t> >& cells = CellsHere();
-  for (int from = 0; from < 2; ++from) {
-    if (from == 0)
-      cslm::cube_corner(0, 0, predecessors.size(), options.size(), corner, &cells);
-    else
-      cslm::cube_corner(x, y, predecessors.size(), options.size(), corner, &cells);
-    for (size_t k = 0; k < cells.size(); ++k)
-      g_feature->QueueExpansion(*predecessors[cells[k].first], *options.Get(cells[k].second), complete);
-  }
+  QueueCorner(predecessors, options, complete, 0, 0, corner);
+  QueueCorner(predecessors, options, complete, x, y, corner);
   g_feature->ScoreQueued();
 }
 
