@@ -228,6 +228,28 @@ def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):
     assert "| Models | 0-9 | 10-19 | 20-29 | 30-39 | 40-49 | 50+ |" in text
 
 
+def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
+    """Each step of S-rerank is its own target: with the test list decoded and the dev list rescored, a new
+    run neither decodes nor rescores the dev list again; it rescores the test list, tunes and reranks."""
+    w = tmp_path / "w"
+    base, run = w / "systems/baseline/mert-1", w / "systems/baseline-rerank/mert-1"
+    run.mkdir(parents=True)
+    (run / "test.nbest.gz").write_bytes(b"")
+    (run / "dev.nbest.rnn.gz").write_bytes(b"")
+    old = [f"--old-file={p}" for p in (base / "test.bleu.json", w / "sent/model/.done")]
+    r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", MOSES="/opt/mosesdecoder",
+              WORK=str(w), DATA=str(tmp_path / "no-data"))
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    assert "bin/moses" not in plan and "best-iteration" not in plan
+    assert f"rescore-nbest {run}/test.nbest.gz" in plan and "mt.py rerank-tune" in plan and "mt.py rerank " in plan
+    (run / "test.nbest.rnn.gz").write_bytes(b"")
+    (run / "weights.txt").write_text("")
+    r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", MOSES="/opt/mosesdecoder",
+              WORK=str(w), DATA=str(tmp_path / "no-data"))
+    assert "rescore-nbest" not in r.stdout and "rerank-tune" not in r.stdout and "mt.py rerank " in r.stdout
+
+
 def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
     """rerank.py: the features named as extractor names them, mert started from the tuned weights with the
     new feature at 0 (fake Moses binaries record their arguments), and each sentence's best hypothesis."""
