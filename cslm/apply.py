@@ -117,13 +117,14 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
 
 
 def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = None, window: int = 2000,
-               progress: bool = True, log_z: bool = False) -> dict:
+               progress: bool = True, log_z: bool = False, mix_weight: float | None = None) -> dict:
     """Per-token perplexity (every word and </s>, natural log) of a tokenized text.
 
     `cslm` counts every token; an unknown word costs ln P([UNK] | h) in unk
     mode. `cslm_in_shortlist` only counts tokens whose word is in the shortlist.
     With `kenlm`, the n-gram model is scored on the same tokens, in total and on
-    the same in-shortlist tokens.
+    the same in-shortlist tokens; with `mix_weight` (and `kenlm`) also the two models interpolated
+    with that weight on the network (`cslm.mix`), on the same tokens.
 
     With `log_z` (an in-process Engine only), also the distribution of ln Z(h)
     over the text's n-grams (`log_z`: mean, sd, percentiles, mean |ln Z|) and
@@ -142,6 +143,13 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
     n_all = n_in = n_unk = n_backoff = k_oov = sentences = 0
     zs: list[np.ndarray] = []
     u_all = u_in = 0.0  # sums of the unnormalised scores
+    m_all = m_in = 0.0  # sums of the mixture's log-probabilities
+    if mix_weight is not None:
+        if lm is None:
+            raise UserError("the interpolated perplexity needs the n-gram model (kenlm)")
+        from .mix import check_weight, mix
+
+        check_weight(mix_weight)
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
         for win in _windows(path, window):
             sents = [line.split() for _, line in win]
@@ -166,6 +174,10 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
                     k_all += float(kl.sum())
                     k_in += float(kl[inside].sum())
                     k_oov += sum(1 for _, oov in ks if oov)
+                    if mix_weight is not None:
+                        m = mix(lp, fl, kl, mix_weight)
+                        m_all += float(m.sum())
+                        m_in += float(m[inside].sum())
             sentences += len(win)
             bar.update(len(win))
     if n_all == 0:  # exp(0) = 1 would read as a perfect model
@@ -195,6 +207,9 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
             "kenlm_ppl": math.exp(-k_all / max(n_all, 1)),
             "kenlm_ppl_in_shortlist": math.exp(-k_in / max(n_in, 1)),
         })
+    if mix_weight is not None:
+        res.update({"mix_weight": mix_weight, "mix_ppl": math.exp(-m_all / n_all),
+                    "mix_ppl_in_shortlist": math.exp(-m_in / max(n_in, 1))})
     return res
 
 

@@ -18,8 +18,16 @@ def _threads(n):
     configure_threads(resolve_device("cpu"), n)
 
 
-def _backend(model_dir, server, kenlm, device, self_normalized=False):
-    """The in-process engine, or a connection to a running server."""
+def _backend(model_dir, server, kenlm, device, self_normalized=False, mix=None):
+    """The in-process engine, or a connection to a running server; with `mix`, either interpolated with the
+    --kenlm model (cslm.mix: the network in unk mode, the n-gram model read here)."""
+    if mix is not None:
+        from .engine import KenLMBackoff
+        from .mix import MixedBackend
+
+        if not kenlm:
+            raise click.UsageError("--mix needs --kenlm (the n-gram model to interpolate with)")
+        return MixedBackend(_backend(model_dir, server, None, device, self_normalized), KenLMBackoff(kenlm), mix)
     if model_dir:
         require_model_dir(model_dir, "cslm")
     if server:
@@ -105,6 +113,9 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False),
               help="Also report this n-gram model's perplexity (ARPA or KenLM binary) on the same tokens.")
 @click.option("--backoff", is_flag=True, help="Score unknown words with the --kenlm model (back-off mode).")
+@click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
+              help="Also report the --kenlm model and the network interpolated, LAMBDA on the network "
+                   "(`cslm mix` estimates it).")
 @click.option("--log-z", is_flag=True,
               help="Also report ln Z(h) over the text's n-grams (mean, sd, percentiles, mean |ln Z|) and the "
                    "perplexity of the unnormalised scores o_w used as log-probabilities (self-normalisation).")
@@ -112,21 +123,45 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
-def eval_(model_dir, text, kenlm, backoff, log_z, device, threads, quiet):
+def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
     """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's."""
     from .apply import perplexity
     from .engine import Engine
 
-    if backoff and not kenlm:
-        raise click.UsageError("--backoff needs --kenlm")
+    if (backoff or mix is not None) and not kenlm:
+        raise click.UsageError(f"{'--backoff' if backoff else '--mix'} needs --kenlm")
+    if backoff and mix is not None:
+        raise click.UsageError("--mix interpolates the network's own [UNK] probabilities: not with --backoff")
     require_model_dir(model_dir, "cslm")
     _threads(threads)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
-    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet, log_z=log_z)
+    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet, log_z=log_z, mix_weight=mix)
     res["mode"] = engine.mode
     if log_z:
         res["train_self_norm"] = engine.train_self_norm
     click.echo(json.dumps(res, indent=2))
+
+
+@main.command("mix")
+@click.argument("paths", nargs=-1, metavar="[MODEL_DIR] DEV_TEXT")
+@click.option("--kenlm", required=True, type=click.Path(exists=True, dir_okay=False),
+              help="The n-gram model to interpolate with (ARPA or KenLM binary).")
+@click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` (unk mode) instead of loading the model.")
+@click.option("--device", default="auto", show_default=True, callback=check_device)
+@click.option("--threads", type=THREADS)
+@fail_cleanly
+def mix_(paths, kenlm, server, device, threads):
+    """The weight LAMBDA of the network interpolated with an n-gram model, estimated on DEV_TEXT.
+
+    Maximum likelihood by EM on the tokens in the shortlist (docs/cslm.md, "Interpolated with KenLM");
+    prints it with the perplexities of both models and of the mixture there, as JSON."""
+    from .engine import KenLMBackoff
+    from .mix import estimate_weight
+
+    model_dir, text = _split_paths(paths, server, "DEV_TEXT")
+    _threads(threads)
+    backend = _backend(model_dir, server, None, device)
+    click.echo(json.dumps(estimate_weight(backend, KenLMBackoff(kenlm), text), indent=2))
 
 
 def _split_paths(paths, server, what):
@@ -154,6 +189,8 @@ def _split_paths(paths, server, what):
 @click.option("--ngrams", is_flag=True, help="Each line is an n-gram (predicted word last), not a sentence.")
 @click.option("--per-word", is_flag=True, help="Sentence mode: also print each token's log-probability.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
+@click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
+              help="Interpolate with the --kenlm model, LAMBDA on the network (`cslm mix` estimates it).")
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
@@ -161,7 +198,7 @@ def _split_paths(paths, server, what):
 @click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
-def score(paths, output, server, ngrams, per_word, kenlm, self_normalized, device, threads, quiet):
+def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, device, threads, quiet):
     """Natural-log probabilities of the sentences (or n-grams) of TEXT ('-' = stdin).
 
     Sentence mode prints `<ln P(sentence)>\\t<unknown words>\\t<tokens>` per line;
@@ -173,7 +210,7 @@ def score(paths, output, server, ngrams, per_word, kenlm, self_normalized, devic
 
     model_dir, text = _split_paths(paths, server, "TEXT")
     _threads(threads)
-    backend = _backend(model_dir, server, kenlm, device, self_normalized)
+    backend = _backend(model_dir, server, kenlm, device, self_normalized, mix)
     summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet)
     if not quiet:
         click.echo(json.dumps(summary), err=True)
@@ -185,17 +222,19 @@ def score(paths, output, server, ngrams, per_word, kenlm, self_normalized, devic
 @click.option("--feature", default="CSLM0", show_default=True, help="Feature name (Moses: NAME= values).")
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
+@click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
+              help="Interpolate with the --kenlm model, LAMBDA on the network (`cslm mix` estimates it).")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
 @fail_cleanly
-def rescore_nbest(paths, output, feature, server, kenlm, device, threads, quiet):
+def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, quiet):
     """Add `FEATURE= <ln P(hypothesis)> <unknown words>` to every hypothesis of a Moses n-best list."""
     from .apply import rescore_nbest as run
 
     model_dir, nbest = _split_paths(paths, server, "NBEST")
     _threads(threads)
-    backend = _backend(model_dir, server, kenlm, device)
+    backend = _backend(model_dir, server, kenlm, device, mix=mix)
     summary = run(backend, nbest, output, feature=feature, progress=not quiet)
     if not quiet:
         click.echo(json.dumps(summary), err=True)

@@ -600,6 +600,10 @@ def report(args) -> None:
         lines += ["", f"Perplexity on the test set's target side ({r['tokens']:,} tokens): CSLM {r['cslm_ppl']:.1f}, "
                   f"KenLM {r['kenlm_order']}-gram {r['kenlm_ppl']:.1f}; on the {r['tokens'] - r['unknown']:,} tokens in "
                   f"the CSLM's shortlist: CSLM {r['cslm_ppl_in_shortlist']:.1f}, KenLM {r['kenlm_ppl_in_shortlist']:.1f}."
+                  + (f" The two interpolated (weight {r['mix_weight']:.2f} on the CSLM, estimated on the dev set): "
+                     f"{r['mix_ppl_in_shortlist']:.1f} on the shortlist's tokens "
+                     f"({r['mix_ppl_in_shortlist'] / r['kenlm_ppl_in_shortlist']:.2f}x KenLM), {r['mix_ppl']:.1f} on all."
+                     if "mix_ppl" in r else "")
                   + (f" Self-normalisation: ln Z mean {r['log_z']['mean']:.2f}, sd {r['log_z']['sd']:.2f}."
                      if "log_z" in r else "")]
     if (work / "times.tsv").exists():
@@ -709,6 +713,15 @@ def best_iteration(args) -> None:
     if best is None or not best.isdigit():
         sys.exit(1)
     print(best)
+
+
+def json_field(args) -> None:
+    """Print one top-level field of a JSON file (a step's result that a later step's command needs)."""
+    try:
+        value = json.loads(Path(args.file).read_text(encoding="utf-8"))[args.key]
+    except (KeyError, TypeError, json.JSONDecodeError):
+        raise UserError(f"{args.file}: no field {args.key!r} in a JSON object") from None
+    print(value)
 
 
 # ---- reranking (rerank.py): tune the weights of a rescored dev n-best list, apply them --------
@@ -858,6 +871,10 @@ def main(argv=None) -> None:
     a = sub.add_parser("best-iteration")
     a.add_argument("log", help="mert-moses.pl's log (stdout)")
     a.set_defaults(fn=best_iteration)
+    a = sub.add_parser("json-field")
+    a.add_argument("file")
+    a.add_argument("key")
+    a.set_defaults(fn=json_field)
     a = sub.add_parser("timed")
     a.add_argument("times", help="the TSV file the step's seconds are appended to")
     a.add_argument("step")

@@ -266,6 +266,82 @@ def test_perplexity_and_kenlm_side_by_side(engine, cslm_corpus, unigram_arpa, tm
     assert res["kenlm_ppl"] > 1 and res["kenlm_order"] == 2
 
 
+def test_mixture_follows_its_formula_and_em_finds_the_best_weight():
+    """cslm.mix: lambda p + (1 - lambda) q on the shortlist; q (1 - lambda + lambda p_unk) outside it;
+    EM's weight maximises the likelihood (no grid point does better)."""
+    from cslm.mix import estimate, mix
+
+    lp = np.log(np.array([0.2, 0.01, 0.3]))
+    q = np.log(np.array([0.05, 0.04, 0.001]))
+    fl = np.array([0, 0, UNKNOWN], np.uint8)
+    m = np.exp(mix(lp, fl, q, 0.25))
+    assert m[0] == pytest.approx(0.25 * 0.2 + 0.75 * 0.05)
+    assert m[1] == pytest.approx(0.25 * 0.01 + 0.75 * 0.04)
+    assert m[2] == pytest.approx(0.001 * (0.75 + 0.25 * 0.3))
+    assert np.allclose(mix(lp, fl, q, 1.0)[:2], lp[:2]) and np.allclose(mix(lp, fl, q, 0.0), q)
+    rng = np.random.default_rng(0)
+    c, k = np.log(rng.uniform(1e-4, 1, 500)), np.log(rng.uniform(1e-4, 1, 500))
+    lam, _ = estimate(c, k)
+    ll = lambda w: np.logaddexp(np.log(w) + c, np.log1p(-w) + k).sum()  # noqa: E731
+    assert 0 < lam < 1 and all(ll(lam) >= ll(w) - 1e-9 for w in np.linspace(0.01, 0.99, 99))
+    with pytest.raises(Exception, match="unk mode"):
+        mix(lp, np.array([0, 0, UNKNOWN | BACKOFF], np.uint8), q, 0.5)
+
+
+def test_mixed_backend_perplexity_and_weight(engine, cslm_corpus, unigram_arpa, tmp_path):
+    """The mixture's sentences and n-grams agree; perplexity(mix_weight) reports what MixedBackend scores;
+    estimate_weight's mixture beats both models on the text it was estimated on."""
+    pytest.importorskip("kenlm", reason="interpolation needs the optional kenlm package")
+    from cslm.engine import KenLMBackoff
+    from cslm.mix import MixedBackend, estimate_weight
+
+    lm = KenLMBackoff(str(unigram_arpa))
+    rare = next(w for w in reversed(WORDS) if w not in engine.vocab)
+    mixed = MixedBackend(engine, lm, 0.6)
+    s = ["w0", rare, "w1", "w2"]
+    (lp, fl), = mixed.score_sentences([s])
+    (c, _), = engine.score_sentences([s])
+    k = np.array([x for x, _ in lm.full_scores(s)])
+    assert lp[0] == pytest.approx(math.log(0.6 * math.exp(c[0]) + 0.4 * math.exp(k[0])), rel=1e-5)
+    assert fl[1] == UNKNOWN and lp[1] == pytest.approx(k[1] + math.log(0.4 + 0.6 * math.exp(c[1])), rel=1e-5)
+    grams = [s[: i + 1] for i in range(len(s))] + [s + [EOS]]
+    glp, _ = mixed.score_words(grams)
+    assert np.allclose(glp, lp, atol=1e-5)
+    head = tmp_path / "head.txt"
+    head.write_text("".join(cslm_corpus.read_text().splitlines(True)[:50]))
+    est = estimate_weight(engine, lm, str(head))
+    assert 0 < est["weight"] < 1
+    assert est["mix_ppl_in_shortlist"] < min(est["cslm_ppl_in_shortlist"], est["kenlm_ppl_in_shortlist"])
+    res = perplexity(engine, str(head), kenlm=lm, mix_weight=est["weight"], progress=False)
+    assert res["mix_ppl_in_shortlist"] == pytest.approx(est["mix_ppl_in_shortlist"], rel=1e-6)
+    alone = perplexity(mixed.__class__(engine, lm, est["weight"]), str(head), progress=False)
+    assert alone["cslm_ppl"] == pytest.approx(res["mix_ppl"], rel=1e-5)
+
+
+def test_cli_mix_and_its_one_line_errors(cslm_model, cslm_corpus, unigram_arpa, tmp_path):
+    pytest.importorskip("kenlm", reason="interpolation needs the optional kenlm package")
+    from click.testing import CliRunner
+
+    from cslm.cli import main
+
+    run = lambda *a: CliRunner().invoke(main, [str(x) for x in a])  # noqa: E731
+    r = run("mix", cslm_model, cslm_corpus, "--kenlm", unigram_arpa, "--device", "cpu")
+    assert r.exit_code == 0, r.output
+    weight = json.loads(r.output)["weight"]
+    r = run("eval", cslm_model, cslm_corpus, "--kenlm", unigram_arpa, "--mix", weight, "--device", "cpu", "--quiet")
+    assert r.exit_code == 0 and json.loads(r.output)["mix_weight"] == weight
+    out = tmp_path / "s.txt"
+    r = run("score", cslm_model, cslm_corpus, "--kenlm", unigram_arpa, "--mix", 0.5, "-o", out, "--quiet")
+    assert r.exit_code == 0, r.output
+    assert len(out.read_text().splitlines()) == len(cslm_corpus.read_text().splitlines())
+    for args, message in ((("eval", cslm_model, cslm_corpus, "--mix", 0.5), "--mix needs --kenlm"),
+                          (("eval", cslm_model, cslm_corpus, "--kenlm", unigram_arpa, "--mix", 0.5, "--backoff"),
+                           "not with --backoff"),
+                          (("score", cslm_model, cslm_corpus, "--kenlm", unigram_arpa, "--mix", 2), "0<=x<=1")):
+        r = run(*args)
+        assert r.exit_code != 0 and message in r.output
+
+
 def test_rescore_nbest_appends_a_feature_in_moses_format(engine, tmp_path):
     nbest = tmp_path / "nbest.txt"
     nbest.write_text(

@@ -84,6 +84,11 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     assert plan.index("moses-rnn train") < plan.index("cslm train") < plan.index("mert-moses.pl")
     # the default: the CSLM evaluated inside Moses, no server
     assert "with-cslm.sh" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
+    # the CSLM interpolated with KenLM: the weight estimated on dev, the perplexities measured on test
+    w = tmp_path / "w"
+    assert f"cslm mix {w}/cslm/model {w}/data/dev.fr --kenlm {w}/lm/lm.fr.blm > {w}/cslm/mix.json.tmp" in plan
+    assert f"weight=$({sys.executable} {PIPE}/mt.py json-field {w}/cslm/mix.json weight) && " in plan
+    assert f"--kenlm {w}/lm/lm.fr.blm --log-z --mix $weight --quiet > {w}/cslm/ppl.json.tmp" in plan
     assert not (tmp_path / "w").exists()  # a dry run writes nothing
 
 
@@ -226,6 +231,18 @@ def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):
     assert f"| sent (network alone, beam 5) | 1 | {every:.2f} | {clean:.2f} |" in text
     assert (tmp_path / "len.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| Models | 0-9 | 10-19 | 20-29 | 30-39 | 40-49 | 50+ |" in text
+
+
+def test_json_field_prints_one_field_or_names_the_file(tmp_path, capsys):
+    f = tmp_path / "mix.json"
+    f.write_text(json.dumps({"weight": 0.55, "tokens": 10}))
+    mt.main(["json-field", str(f), "weight"])
+    assert capsys.readouterr().out == "0.55\n"
+    with pytest.raises(SystemExit, match=f"mt.py json-field: {f}: no field 'mix'"):
+        mt.main(["json-field", str(f), "mix"])
+    f.write_text("{cut")
+    with pytest.raises(SystemExit, match="mix.json"):
+        mt.main(["json-field", str(f), "weight"])
 
 
 def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
@@ -410,10 +427,13 @@ def test_detok_and_report(tmp_path):
     (tmp_path / "cslm").mkdir()
     (tmp_path / "cslm" / "ppl.json").write_text(json.dumps({
         "tokens": 1000, "unknown": 100, "cslm_ppl": 102.2, "cslm_ppl_in_shortlist": 128.7, "kenlm_order": 5,
-        "kenlm_ppl": 286.2, "kenlm_ppl_in_shortlist": 129.0, "log_z": {"mean": -0.01, "sd": 0.57}}))
+        "kenlm_ppl": 286.2, "kenlm_ppl_in_shortlist": 129.0, "log_z": {"mean": -0.01, "sd": 0.57},
+        "mix_weight": 0.55, "mix_ppl": 250.0, "mix_ppl_in_shortlist": 103.2}))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn cslm-rnn"])
     assert ("(1,000 tokens): CSLM 102.2, KenLM 5-gram 286.2; on the 900 tokens in the CSLM's shortlist: "
-            "CSLM 128.7, KenLM 129.0. Self-normalisation: ln Z mean -0.01, sd 0.57.") in (tmp_path / "report.md").read_text()
+            "CSLM 128.7, KenLM 129.0. The two interpolated (weight 0.55 on the CSLM, estimated on the dev set): "
+            "103.2 on the shortlist's tokens (0.80x KenLM), 250.0 on all. Self-normalisation: ln Z mean -0.01, "
+            "sd 0.57.") in (tmp_path / "report.md").read_text()
     table = (tmp_path / "report.md").read_text().splitlines()
     assert table[0] == "Tuner: mert (mert-moses.pl, --random-restarts 20); tunings systems/SYSTEM/mert-K."
     assert table[2] == ("| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning "
