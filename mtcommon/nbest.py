@@ -87,3 +87,26 @@ def windows(path: str, size: int) -> Iterator[list[Hypothesis]]:
 def write(out: BinaryIO, hypotheses: Sequence[Hypothesis], name: str, values: Sequence[Sequence[float | int]]) -> None:
     """Each hypothesis's line with feature `name` (its values, one sequence per hypothesis)."""
     out.write("".join(h.with_feature(name, v) for h, v in zip(hypotheses, values, strict=True)).encode("utf-8"))
+
+
+def top(path: str, output: str, n: int) -> tuple[int, int]:
+    """The first `n` hypotheses of each sentence of the list `path` into `output` (atomically; gzip if it
+    ends in .gz), every kept line byte for byte: a Moses list holds each sentence's hypotheses best first,
+    so this is its n-best list. Returns (lines read, lines kept)."""
+    from .textio import atomic_output
+
+    if n < 1:
+        raise UserError(f"need n >= 1 hypotheses per sentence, got {n}")
+    read = kept = 0
+    current, count = None, 0
+    with atomic_output(output) as out:
+        for lineno, line in iter_lines(path):
+            h = parse(line, path, lineno)
+            read += 1
+            if h.fields[0] != current:
+                current, count = h.fields[0], 0
+            count += 1
+            if count <= n:
+                out.write((line + "\n").encode("utf-8"))
+                kept += 1
+    return read, kept

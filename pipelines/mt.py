@@ -715,6 +715,14 @@ def best_iteration(args) -> None:
     print(best)
 
 
+def nbest_top(args) -> None:
+    """The first N hypotheses of each sentence of an n-best list (mtcommon.nbest.top)."""
+    from mtcommon.nbest import top
+
+    read, kept = top(args.nbest, args.output, args.n)
+    print(f"{args.nbest}: kept {kept:,} of {read:,} hypotheses ({args.n} a sentence at most)", file=sys.stderr)
+
+
 def json_field(args) -> None:
     """Print one top-level field of a JSON file (a step's result that a later step's command needs)."""
     try:
@@ -871,6 +879,11 @@ def main(argv=None) -> None:
     a = sub.add_parser("best-iteration")
     a.add_argument("log", help="mert-moses.pl's log (stdout)")
     a.set_defaults(fn=best_iteration)
+    a = sub.add_parser("nbest-top", help="the first N hypotheses of each sentence of an n-best list")
+    a.add_argument("nbest")
+    a.add_argument("n", type=int)
+    a.add_argument("-o", "--output", required=True)
+    a.set_defaults(fn=nbest_top)
     a = sub.add_parser("json-field")
     a.add_argument("file")
     a.add_argument("key")

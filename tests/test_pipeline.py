@@ -161,9 +161,11 @@ def test_dry_run_reranked_systems(tmp_path):
         assert f"sacrebleu {w}/data/test.ref.fr -i {w}/{name}/test.detok -lc -w 2" in plan
     assert f'--networks "sent sent-encdec" --length-plot {w}/report.lengths.png' in plan
     run, base = f"{w}/systems/baseline-rerank/mert-2", f"{w}/systems/baseline/mert-2"
+    # RERANK_NBEST (100): the test set's 100-best lists, and the first 100 of each dev sentence's 300
     assert (f"/opt/mosesdecoder/bin/moses -f {base}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit "
-            f"1000 -n-best-list {run}/test.nbest.tmp 300 distinct < {w}/data/test.en") in plan
-    assert (f"moses-rnn rescore-nbest {base}/mert/run$best.best300.out.gz -m {w}/sent/model --source "
+            f"1000 -n-best-list {run}/test.nbest.tmp 100 distinct < {w}/data/test.en") in plan
+    assert f"mt.py nbest-top {base}/mert/run$best.best300.out.gz 100 -o {run}/dev.nbest.gz" in plan
+    assert (f"moses-rnn rescore-nbest {run}/dev.nbest.gz -m {w}/sent/model --source "
             f"{w}/data/dev.en -o {run}/dev.nbest.rnn.gz") in plan
     assert f"rescore-nbest {run}/test.nbest.gz -m {w}/sent/model --source {w}/data/test.en" in plan
     assert (f"mt.py rerank-tune {run}/dev.nbest.rnn.gz --ref {w}/data/dev.fr --ini {base}/tuned.ini --moses "
@@ -171,6 +173,13 @@ def test_dry_run_reranked_systems(tmp_path):
     assert f"mt.py rerank {run}/$set.nbest.rnn.gz {run}/weights.txt --source {w}/data/$set.en" in plan
     assert plan.count("mt.py rerank-tune") == 3 and "rnn-rerank" not in plan  # RERANKED: those in SYSTEMS
     assert '--systems "baseline rnn baseline-rerank"' in plan
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANK_NBEST=300", MOSES="/opt/mosesdecoder", WORK=str(w),
+              DATA=str(tmp_path / "no-data"))
+    assert f"{run}/test.nbest.tmp 300 distinct" in r.stdout and "best300.out.gz 300 -o" in r.stdout
+    for bad in ("301", "0", "many"):
+        r = _make("-n", "BUDGET=1", f"RERANK_NBEST={bad}", MOSES="/opt/mosesdecoder", WORK=str(w),
+                  DATA=str(tmp_path / "no-data"))
+        assert r.returncode != 0 and f"RERANK_NBEST must be a number from 1 to NBEST (300), not {bad}" in r.stderr
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert "rescore-nbest" not in r.stdout
@@ -233,6 +242,25 @@ def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):
     assert "| Models | 0-9 | 10-19 | 20-29 | 30-39 | 40-49 | 50+ |" in text
 
 
+def test_nbest_top_keeps_each_sentences_first_lines(tmp_path):
+    """mt.py nbest-top: the first N lines of each sentence, byte for byte, gzip by name; a bad line names
+    the file and line."""
+    import gzip
+
+    src = tmp_path / "n.txt"
+    lines = [f"{i} ||| h{i}.{j} ||| LM0= -{j}.5 ||| -{j}\n" for i in range(3) for j in range(4 - i)]
+    src.write_text("".join(lines))
+    mt.main(["nbest-top", str(src), "2", "-o", str(tmp_path / "top.gz")])
+    with gzip.open(tmp_path / "top.gz", "rt") as f:
+        assert f.read() == "".join(lines[0:2] + lines[4:6] + lines[7:9])
+    mt.main(["nbest-top", str(src), "9", "-o", str(tmp_path / "all.txt")])
+    assert (tmp_path / "all.txt").read_text() == src.read_text()
+    src.write_text(lines[0] + "not a line\n")
+    with pytest.raises(SystemExit, match="n.txt:2"):
+        mt.main(["nbest-top", str(src), "2", "-o", str(tmp_path / "x.txt")])
+    assert not (tmp_path / "x.txt").exists()
+
+
 def test_json_field_prints_one_field_or_names_the_file(tmp_path, capsys):
     f = tmp_path / "mix.json"
     f.write_text(json.dumps({"weight": 0.55, "tokens": 10}))
@@ -252,6 +280,7 @@ def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
     base, run = w / "systems/baseline/mert-1", w / "systems/baseline-rerank/mert-1"
     run.mkdir(parents=True)
     (run / "test.nbest.gz").write_bytes(b"")
+    (run / "dev.nbest.gz").write_bytes(b"")
     (run / "dev.nbest.rnn.gz").write_bytes(b"")
     old = [f"--old-file={p}" for p in (base / "test.bleu.json", w / "sent/model/.done")]
     r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", MOSES="/opt/mosesdecoder",
