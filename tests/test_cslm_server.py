@@ -24,7 +24,7 @@ from cslm.client import AsyncClient, Client, ServerError
 from cslm.engine import Engine
 from cslm.server import Server, ServerConfig
 
-from test_cslm import cslm_corpus, cslm_model, engine  # noqa: F401 (shared session fixtures)
+from test_cslm import cslm_corpus, cslm_model, engine, unigram_arpa  # noqa: F401 (shared session fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
 CPP = ROOT / "cslm" / "cpp"
@@ -415,3 +415,20 @@ def test_python_client_errors_are_one_clear_line(cslm_model, engine, server, tmp
         connect(f"127.0.0.1:{server.port}", model_dir=str(other))
     with connect(f"127.0.0.1:{server.port}", model_dir=str(cslm_model)) as c:
         assert c.info["checksum"] == engine.vocab.checksum()
+
+
+def test_mixture_through_a_server_equals_the_one_in_process(server, engine, cslm_corpus, unigram_arpa):  # noqa: F811
+    """cslm.mix reads the network from wherever it is: the server's numbers, mixed with the same KenLM
+    model on the client's side, are the in-process mixture's."""
+    pytest.importorskip("kenlm", reason="interpolation needs the optional kenlm package")
+    from cslm.apply import RemoteBackend
+    from cslm.engine import KenLMBackoff
+    from cslm.mix import MixedBackend
+
+    lm = KenLMBackoff(str(unigram_arpa))
+    sentences = [line.split() for line in cslm_corpus.read_text().splitlines()[:20]] + [["w0", "never-seen", "w1"]]
+    with Client("127.0.0.1", server.port) as client:
+        remote = MixedBackend(RemoteBackend(client), lm, 0.7).score_sentences(sentences)
+    local = MixedBackend(engine, lm, 0.7).score_sentences(sentences)
+    for (a, fa), (b, fb) in zip(remote, local):
+        assert np.array_equal(fa, fb) and np.allclose(a, b, rtol=0, atol=1e-6)
