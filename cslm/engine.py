@@ -61,6 +61,10 @@ class KenLMBackoff:
         """(natural-log prob, is OOV for KenLM) of each word and </s>."""
         return [(lp * LN10, oov) for lp, _, oov in self.model.full_scores(" ".join(words), bos=True, eos=True)]
 
+    def sentence_logprobs(self, words: Sequence[str]) -> np.ndarray:
+        """Natural-log prob of each word and </s> of a sentence (the CSLM's tokens, in its order)."""
+        return np.array([lp for lp, _ in self.full_scores(words)])
+
 
 def train_self_norm(meta: dict) -> float | None:
     """The alpha of the (ln Z)^2 penalty a model was trained with (meta.train_config.self_norm), None if unknown."""

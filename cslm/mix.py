@@ -97,7 +97,7 @@ class MixedBackend:
     def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
         out = []
         for s, (lp, fl) in zip(sentences, self.inner.score_sentences(sentences)):
-            k = np.array([x for x, _ in self.ngram.full_scores(s)])
+            k = self.ngram.sentence_logprobs(s)
             out.append((mix(lp, fl, k, self.weight).astype(np.float32), fl))
         return out
 
@@ -114,7 +114,7 @@ def token_logprobs(backend: Backend, ngram: "KenLMBackoff", sentences: Iterator[
 
     def flush():
         for s, (lp, fl) in zip(batch, backend.score_sentences(batch)):
-            yield lp, fl, np.array([x for x, _ in ngram.full_scores(s)])
+            yield lp, fl, ngram.sentence_logprobs(s)
         batch.clear()
 
     for s in sentences:

@@ -301,7 +301,7 @@ def test_mixed_backend_perplexity_and_weight(engine, cslm_corpus, unigram_arpa, 
     s = ["w0", rare, "w1", "w2"]
     (lp, fl), = mixed.score_sentences([s])
     (c, _), = engine.score_sentences([s])
-    k = np.array([x for x, _ in lm.full_scores(s)])
+    k = lm.sentence_logprobs(s)
     assert lp[0] == pytest.approx(math.log(0.6 * math.exp(c[0]) + 0.4 * math.exp(k[0])), rel=1e-5)
     assert fl[1] == UNKNOWN and lp[1] == pytest.approx(k[1] + math.log(0.4 + 0.6 * math.exp(c[1])), rel=1e-5)
     grams = [s[: i + 1] for i in range(len(s))] + [s + [EOS]]
