@@ -18,6 +18,11 @@ def _threads(n):
     configure_threads(resolve_device("cpu"), n)
 
 
+# `score` and `rescore-nbest`: their numbers become the mixture's (cslm.mix)
+MIX_OPTION = click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
+                          help="Interpolate with the --kenlm model, LAMBDA on the network (`cslm mix` estimates it).")
+
+
 def _backend(model_dir, server, kenlm, device, self_normalized=False, mix=None):
     """The in-process engine, or a connection to a running server; with `mix`, either interpolated with the
     --kenlm model (cslm.mix: the network in unk mode, the n-gram model read here)."""
@@ -189,8 +194,7 @@ def _split_paths(paths, server, what):
 @click.option("--ngrams", is_flag=True, help="Each line is an n-gram (predicted word last), not a sentence.")
 @click.option("--per-word", is_flag=True, help="Sentence mode: also print each token's log-probability.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
-@click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
-              help="Interpolate with the --kenlm model, LAMBDA on the network (`cslm mix` estimates it).")
+@MIX_OPTION
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
@@ -222,8 +226,7 @@ def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, 
 @click.option("--feature", default="CSLM0", show_default=True, help="Feature name (Moses: NAME= values).")
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
-@click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
-              help="Interpolate with the --kenlm model, LAMBDA on the network (`cslm mix` estimates it).")
+@MIX_OPTION
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--threads", type=THREADS)
 @click.option("--quiet", is_flag=True)
