@@ -213,6 +213,41 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
     return res
 
 
+def estimate_mix_weight(backend: Backend, kenlm: str | KenLMBackoff, path: str, window: int = 2000) -> dict:
+    """The weight lambda of the network interpolated with `kenlm` (`cslm.mix`), estimated by EM on the
+    shortlist's tokens of the tokenized text `path` (a development set), and the perplexities there of
+    the network, the n-gram model and the mixture."""
+    from .mix import estimate, mix
+
+    if isinstance(kenlm, str):
+        from .engine import KenLMBackoff
+
+        kenlm = KenLMBackoff(kenlm)
+    cs, ks, fs = [], [], []
+    for win in _windows(path, window):
+        sents = [line.split() for _, line in win]
+        for s, (lp, fl) in zip(sents, backend.score_sentences(sents)):
+            cs.append(lp)
+            fs.append(fl)
+            ks.append(kenlm.sentence_logprobs(s))
+    if not cs:
+        raise InputError(path, None, "no sentences to estimate the interpolation weight on (the text is empty)")
+    c, k, fl = np.concatenate(cs), np.concatenate(ks), np.concatenate(fs)
+    inside = (fl & UNKNOWN) == 0
+    weight, iterations = estimate(c[inside], k[inside])
+    m = mix(c, fl, k, weight)
+    return {
+        "weight": weight,
+        "em_iterations": iterations,
+        "tokens": int(len(c)),
+        "in_shortlist": int(inside.sum()),
+        "cslm_ppl_in_shortlist": math.exp(-float(c[inside].mean())),
+        "kenlm_ppl_in_shortlist": math.exp(-float(k[inside].mean())),
+        "mix_ppl_in_shortlist": math.exp(-float(m[inside].mean())),
+        "mix_ppl": math.exp(-float(m.mean())),
+    }
+
+
 def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM0", window: int = 5000,
                   progress: bool = True) -> dict:
     """Append `<feature>= <sum ln P> <unknown words>` to each hypothesis's scores (`mtcommon.nbest`:

@@ -160,13 +160,12 @@ def mix_(paths, kenlm, server, device, threads):
 
     Maximum likelihood by EM on the tokens in the shortlist (docs/cslm.md, "Interpolated with KenLM");
     prints it with the perplexities of both models and of the mixture there, as JSON."""
-    from .engine import KenLMBackoff
-    from .mix import estimate_weight
+    from .apply import estimate_mix_weight
 
     model_dir, text = _split_paths(paths, server, "DEV_TEXT")
     _threads(threads)
     backend = _backend(model_dir, server, None, device)
-    click.echo(json.dumps(estimate_weight(backend, KenLMBackoff(kenlm), text), indent=2))
+    click.echo(json.dumps(estimate_mix_weight(backend, kenlm, text), indent=2))
 
 
 def _split_paths(paths, server, what):

@@ -23,12 +23,11 @@ rescoring (docs/cslm.md, "Interpolated with KenLM").
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from mtcommon.errors import UserError
-from mtcommon.textio import InputError
 from mtcommon.vocab import BOS
 
 from .protocol import BACKOFF, UNKNOWN
@@ -105,48 +104,3 @@ class MixedBackend:
         lp, fl = self.inner.score_words(ngrams)
         k = np.array([self.ngram.logprob([BOS] * (self.order - len(g)) + list(g[:-1]), g[-1]) for g in ngrams])
         return mix(lp, fl, k, self.weight).astype(np.float32), fl
-
-
-def token_logprobs(backend: Backend, ngram: "KenLMBackoff", sentences: Iterator[Sequence[str]]
-                   ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """(ln P_cslm, flags, ln P_ngram) of each sentence's tokens (words and </s>), the same tokens for both."""
-    batch: list[Sequence[str]] = []
-
-    def flush():
-        for s, (lp, fl) in zip(batch, backend.score_sentences(batch)):
-            yield lp, fl, ngram.sentence_logprobs(s)
-        batch.clear()
-
-    for s in sentences:
-        batch.append(s)
-        if len(batch) >= 2000:
-            yield from flush()
-    yield from flush()
-
-
-def estimate_weight(backend: Backend, ngram: "KenLMBackoff", path: str) -> dict:
-    """lambda estimated on the shortlist's tokens of the tokenized text `path` (a development set), and
-    the perplexities there of the network, the n-gram model and the mixture."""
-    from mtcommon.textio import iter_lines
-
-    cs, ks, fs = [], [], []
-    for lp, fl, k in token_logprobs(backend, ngram, (line.split() for _, line in iter_lines(path))):
-        cs.append(lp)
-        ks.append(k)
-        fs.append(fl)
-    if not cs:
-        raise InputError(path, None, "no sentences to estimate the interpolation weight on (the text is empty)")
-    c, k, fl = np.concatenate(cs), np.concatenate(ks), np.concatenate(fs)
-    inside = (fl & UNKNOWN) == 0
-    weight, iterations = estimate(c[inside], k[inside])
-    m = mix(c, fl, k, weight)
-    return {
-        "weight": weight,
-        "em_iterations": iterations,
-        "tokens": int(len(c)),
-        "in_shortlist": int(inside.sum()),
-        "cslm_ppl_in_shortlist": math.exp(-float(c[inside].mean())),
-        "kenlm_ppl_in_shortlist": math.exp(-float(k[inside].mean())),
-        "mix_ppl_in_shortlist": math.exp(-float(m[inside].mean())),
-        "mix_ppl": math.exp(-float(m.mean())),
-    }

@@ -290,10 +290,11 @@ def test_mixture_follows_its_formula_and_em_finds_the_best_weight():
 
 def test_mixed_backend_perplexity_and_weight(engine, cslm_corpus, unigram_arpa, tmp_path):
     """The mixture's sentences and n-grams agree; perplexity(mix_weight) reports what MixedBackend scores;
-    estimate_weight's mixture beats both models on the text it was estimated on."""
+    estimate_mix_weight's mixture beats both models on the text it was estimated on."""
     pytest.importorskip("kenlm", reason="interpolation needs the optional kenlm package")
     from cslm.engine import KenLMBackoff
-    from cslm.mix import MixedBackend, estimate_weight
+    from cslm.apply import estimate_mix_weight
+    from cslm.mix import MixedBackend
 
     lm = KenLMBackoff(str(unigram_arpa))
     rare = next(w for w in reversed(WORDS) if w not in engine.vocab)
@@ -309,7 +310,7 @@ def test_mixed_backend_perplexity_and_weight(engine, cslm_corpus, unigram_arpa, 
     assert np.allclose(glp, lp, atol=1e-5)
     head = tmp_path / "head.txt"
     head.write_text("".join(cslm_corpus.read_text().splitlines(True)[:50]))
-    est = estimate_weight(engine, lm, str(head))
+    est = estimate_mix_weight(engine, lm, str(head))
     assert 0 < est["weight"] < 1
     assert est["mix_ppl_in_shortlist"] < min(est["cslm_ppl_in_shortlist"], est["kenlm_ppl_in_shortlist"])
     res = perplexity(engine, str(head), kenlm=lm, mix_weight=est["weight"], progress=False)
