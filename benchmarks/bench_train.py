@@ -1,9 +1,12 @@
 """Training speed of both networks against the machine's matrix-multiply rate.
 
-    python benchmarks/bench_train.py [--presets small,paper] [--seconds 20] [--quick] [--json OUT]
+    python benchmarks/bench_train.py [--presets small,paper] [--nets rnn,cslm,sent] [--quick] [--json OUT]
 
-For the RNN Encoder-Decoder (pairs/s, on a slice of the shared phrase table)
-and the CSLM (n-grams/s, on the shared French training text), each preset is
+For the RNN Encoder-Decoder (pairs/s, on a slice of the shared phrase table),
+the CSLM (n-grams/s, on the shared French training text) and, with `--nets
+sent`, RNNsearch on sentence pairs (pairs/s, the first --sent-lines pairs of
+the shared tokenized corpus, 8,000 subword units a side, as the pipeline's
+`sent` network), each preset is
 trained with the default (`fast`) recipe through the real training loop
 (`moses_rnn.training.train.train`, `cslm.train.train`), and the rate is read from the
 summary (`pairs_seen` / `ngrams_seen` over `train_seconds`, which leaves out
@@ -45,6 +48,7 @@ from moses_rnn.networks.modelio import build_model  # noqa: E402
 from mtcommon.runtime import cpu_count, cpu_has_bf16  # noqa: E402
 
 FR_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"
+SENT_UNITS, SENT_MAX_LEN = 8000, 50  # the pipeline's sentence network (pipelines/Makefile, SENT_ARGS)
 
 
 def gemm_rate(dtype: torch.dtype, threads: int, n: int = 1536, seconds: float = 1.5) -> float:
@@ -104,6 +108,46 @@ def run_rnn(table: str, preset: str, threads: int | None, steps: int, work: str)
         return steady_rate(train(table, out, cfg, progress=False))
 
 
+def corpus_slice(lines: int, folder: str, max_len: int) -> tuple[str, str]:
+    """The first `lines` sentence pairs of the shared tokenized training corpus, copied into `folder`."""
+    out = []
+    for side in ("en", "fr"):
+        path = os.path.join(folder, f"train.{lines}.{side}")
+        with open(SHARED / "en-fr-moses" / f"train.tok.{side}", encoding="utf-8") as f, \
+                open(path, "w", encoding="utf-8") as g:
+            for _, line in zip(range(lines), f):
+                g.write(line)
+        out.append(path)
+    return out[0], out[1]
+
+
+def run_sent(corpus: tuple[str, str], preset: str, threads: int | None, steps: int, work: str) -> dict:
+    """RNNsearch on sentence pairs, as the pipeline's `sent` network: 8,000 subword units a side, up to
+    50 words, the fast recipe."""
+    from moses_rnn.training.train import TrainConfig, train
+
+    cfg = TrainConfig(preset=preset, arch="rnnsearch", corpus=corpus, max_len=SENT_MAX_LEN, subwords=SENT_UNITS,
+                      max_steps=2 * steps, eval_every=steps, valid_pairs=200, threads=threads, device="cpu")
+    with tempfile.TemporaryDirectory(dir=work) as out:
+        return steady_rate(train(None, out, cfg, progress=False))
+
+
+def sent_flops_per_pair(corpus: tuple[str, str], preset: str, candidates: int) -> float:
+    """Forward + backward FLOPs of one sentence pair (mean lengths in subword units) of `corpus`."""
+    from moses_rnn.training.train import build_subword_vocabularies, load_corpus, read_corpus_pairs
+
+    pairs = read_corpus_pairs(*corpus, SENT_MAX_LEN)
+    with tempfile.TemporaryDirectory() as d:
+        sv, tv = build_subword_vocabularies(d, SENT_UNITS, corpus, pairs)
+    units = load_corpus(corpus[0], sv, tv, pairs)
+    cfg = preset_config(preset, len(sv), len(tv), arch="rnnsearch")
+    model = build_model(cfg)
+    src_len, tgt_len = float(units.src_len.mean()), float(units.tgt_len.mean()) - 1  # words and units, no </s>
+    full = model.flops_per_pair(src_len, tgt_len)
+    saved = 2.0 * tgt_len * cfg.out_rank * max(0, len(tv) - candidates)
+    return 3.0 * (full - saved)
+
+
 def run_cslm(text: str, preset: str, threads: int | None, steps: int, work: str) -> dict:
     from cslm.train import TrainConfig, train
 
@@ -139,7 +183,9 @@ def startup_rnn(table: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,paper")
-    ap.add_argument("--nets", default="rnn,cslm", help="which networks: rnn, cslm or both")
+    ap.add_argument("--nets", default="rnn,cslm",
+                    help="which networks, comma-separated: rnn (phrase pairs), cslm, sent (RNNsearch on sentence pairs)")
+    ap.add_argument("--sent-lines", type=int, default=20000, help="sentence pairs the `sent` network trains on")
     ap.add_argument("--steps", type=int, default=0, help="training steps per measurement [by preset]")
     ap.add_argument("--lines", type=int, default=200000, help="phrase-table lines the RNN trains on")
     ap.add_argument("--quick", action="store_true", help="small preset, few steps, no start-up timing")
@@ -166,7 +212,12 @@ def main() -> None:
     nets = a.nets.split(",")
     for net in nets:
         for preset in presets:
-            if net == "rnn":
+            if net == "sent":
+                corpus = corpus_slice(a.sent_lines if not a.quick else 4000, work, SENT_MAX_LEN)
+                flops = sent_flops_per_pair(corpus, preset, 2048)
+                steps = a.steps or (12 if a.quick else {"small": 60, "paper": 15}.get(preset, 15))
+                fn = lambda th, st=steps, p=preset, c=corpus: run_sent(c, p, th, st, work)  # noqa: E731
+            elif net == "rnn":
                 flops = rnn_flops_per_pair(preset, len(sv), len(tv), src_len, tgt_len - 1, 2048)
                 steps = a.steps or (12 if a.quick else {"small": 150, "paper": 30}.get(preset, 30))
                 fn = lambda th, st=steps, p=preset: run_rnn(table, p, th, st, work)  # noqa: E731
@@ -180,7 +231,7 @@ def main() -> None:
                     r = fn(threads)
                 th = threads or cores
                 row = {"net": net, "preset": preset, "load": load, "threads": threads or "auto",
-                       "rate": round(r["rate"], 1), "unit": "pairs/s" if net == "rnn" else "ngrams/s",
+                       "rate": round(r["rate"], 1), "unit": "ngrams/s" if net == "cslm" else "pairs/s",
                        "dtype": r["overall"]["dtype"],  # what --dtype auto chose
                        "gflops": round(r["rate"] * flops / 1e9, 1),
                        "fraction_of_fp32": round(r["rate"] * flops / 1e9 / report["gemm_gflops"][f"fp32_{th}t"], 3)}
@@ -206,7 +257,7 @@ def main() -> None:
                     rows[("busy", cores)]["rate"] / rows[("busy", 1)]["rate"], 3)
     report["summary"] = summary
     report["targets"] = {"fraction_of_fp32_all_cores": ">= 0.4", "default_vs_1_thread_busy": ">= 1.0"}
-    if not a.quick and REAL_TABLE.exists():
+    if not a.quick and "rnn" in nets and REAL_TABLE.exists():
         torch.set_num_threads(cores)
         report["startup_seconds_whole_table"] = round(startup_rnn(str(REAL_TABLE)), 1)
     emit(report, a.json)

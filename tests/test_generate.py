@@ -119,6 +119,78 @@ def test_batched_beam_search_equals_one_phrase_at_a_time(arch):
         assert np.allclose([h.log_prob for h in hyps], [h.log_prob for h in alone], atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n_best", [1, 2])
+def test_early_stop_returns_what_the_full_search_returns_in_fewer_steps(arch, n_best):
+    """A source stops once its n_best finished hypotheses beat every live one: the same n-best, and
+    never more hypotheses stepped through the decoder (counted over a few peaked random models)."""
+    sources = SOURCES + ["c c c c d d a", "b", "a d"]
+    rows = {True: 0, False: 0}
+    for seed in range(4):
+        gen = Generator(random_loaded(arch, seed=seed, std=0.8))
+        step, found = gen.model.step_readout, {}
+        for early in (True, False):
+            def counted(ctx, state, e_prev, early=early):
+                rows[early] += state.shape[0]
+                return step(ctx, state, e_prev)
+            gen.model.step_readout = counted
+            found[early] = gen.beam_search(sources, beam=4, n_best=n_best, stop_early=early)
+        for a, b in zip(found[True], found[False]):
+            assert [h.text for h in a] == [h.text for h in b]
+            assert np.allclose([h.log_prob for h in a], [h.log_prob for h in b], atol=1e-5)
+    assert rows[True] <= rows[False]
+    if n_best == 1:  # these models finish a best hypothesis early enough to save steps at n_best 1
+        assert rows[True] < rows[False]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_beam_search_ranks_words_the_same_a_block_of_rows_at_a_time(arch):
+    """The output layer in blocks of 8 rows (3 blocks here) gives what one block of every row gives."""
+    sources = SOURCES + ["c c c c d d a", "b", "a d"]
+    whole = Generator(random_loaded(arch, seed=3)).beam_search(sources, beam=4, n_best=4)
+    gen = Generator(random_loaded(arch, seed=3))
+    gen.logit_block_bytes = 1
+    blocks = gen.beam_search(sources, beam=4, n_best=4)
+    for a, b in zip(whole, blocks):
+        assert [h.text for h in a] == [h.text for h in b]
+        assert np.allclose([h.log_prob for h in a], [h.log_prob for h in b], atol=1e-6)
+
+
+@pytest.mark.parametrize("t, allow_unk, block_bytes", [(0, False, 1), (0, True, 1 << 22), (3, False, 1 << 22), (3, True, 1)])
+def test_best_words_are_the_top_of_the_allowed_log_softmax(t, allow_unk, block_bytes):
+    """The beam's word choice equals `_allowed(log_softmax(logits))` then topk, rows at their length
+    limit (only </s>) included, in one block or in blocks of 8 rows."""
+    gen = Generator(random_loaded("encdec", seed=6, std=1.5))
+    gen.logit_block_bytes = block_bytes
+    torch.manual_seed(0)
+    out = torch.randn(21, gen.model.config.maxout) * 3
+    # every 4th row must stop (from t = 1 on: a target has at least one word)
+    limit = torch.tensor([t if i % 4 == 0 and t > 0 else t + 5 for i in range(21)])
+    for W in (1, 2, 3):
+        with torch.no_grad():
+            top, word = gen._best_words(out, W, t, limit, allow_unk)
+            ref = gen._allowed(torch.log_softmax(gen.model.output.logits(out), dim=-1), t, limit, allow_unk)
+            ref_top, ref_word = ref.topk(W, dim=1)
+        assert torch.allclose(top, ref_top, atol=1e-5)
+        finite = ref_top > -math.inf
+        assert torch.equal(word[finite], ref_word[finite])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_n_best_per_source(arch):
+    """A list gives each source its own n-best size: each list the head of the full beam's."""
+    gen = Generator(random_loaded(arch, seed=1, std=0.8))
+    full = gen.beam_search(SOURCES, beam=4, n_best=4)
+    some = gen.beam_search(SOURCES, beam=4, n_best=[1, 3, 2])
+    assert [len(h) for h in some] == [1, 3, 2]
+    for a, b in zip(some, full):
+        assert [h.text for h in a] == [h.text for h in b[: len(a)]]
+    with pytest.raises(ValueError, match="2 n-best sizes for 3 sources"):
+        gen.beam_search(SOURCES, beam=4, n_best=[1, 2])
+    with pytest.raises(ValueError, match="n_best <= beam"):
+        gen.beam_search(SOURCES, beam=4, n_best=[1, 5, 2])
+
+
 def test_length_normalisation_ranks_by_log_prob_per_symbol():
     gen = Generator(random_loaded("encdec", seed=4))
     hyps = gen.beam_search(["a b c"], beam=5, n_best=5, normalize=True)[0]

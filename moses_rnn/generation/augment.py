@@ -187,7 +187,11 @@ def augment_table(table: str, gen: Generator, lex_f2e: LexicalTable, lex_e2f: Le
 
 def _flush(out, held: list[_Job], gen, lex_f2e, lex_e2f, cfg, budget, stats, bar) -> None:
     todo = [j for j in held if j.generate]
-    found = gen.beam_search([j.source for j in todo], beam=cfg.beam, n_best=cfg.beam, allow_unk=False) if todo else []
+    # A source needs its per_source best targets that the table lacks: among its per_source + (targets the
+    # table has) best. Asking for no more lets the search stop each source as soon as they are settled
+    # (Generator.beam_search, stop_early) and returns the same targets as the whole beam would.
+    need = [min(cfg.beam, cfg.per_source + len(j.group)) for j in todo]
+    found = gen.beam_search([j.source for j in todo], beam=cfg.beam, n_best=need, allow_unk=False) if todo else []
     new = {id(j): hyps for j, hyps in zip(todo, found)}
     for job in held:
         lines = []

@@ -6,6 +6,7 @@ Both work on any architecture through the step interface of
     ctx = model.context(src, mask)                  # once per source phrase
     state = model.start_state(ctx)                  # h'_0 (encdec) or s_0 (rnnsearch)
     logits, state = model.step(ctx, state, e_prev)  # p(y_t | y_<t, x) and the next state
+    (beam search: model.step_readout, and the output layer a block of rows at a time)
 
 where `e_prev` is the embedding of the previous word in
 `model.target_embeddings()` (zeros before the first word, as in training).
@@ -34,6 +35,7 @@ import torch
 from mtcommon.errors import UserError
 from mtcommon.vocab import EOS
 
+from ..networks.modelbase import log_normalizer_
 from ..networks.modelio import LoadedModel
 
 
@@ -55,6 +57,8 @@ def max_words(src_len: int, ratio: float, extra: int) -> int:
 
 
 class Generator:
+    logit_block_bytes = 1 << 24  # beam search's float32 logits per block of rows (16 MB, within the cache)
+
     def __init__(self, loaded: LoadedModel):
         self.model = loaded.model.eval()
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
@@ -79,10 +83,12 @@ class Generator:
             mask[i, : len(s)] = True
         return self.model.context(src, mask), [len(s) for s in ids]
 
-    def _allowed(self, logp: torch.Tensor, t: int, limit: torch.Tensor, allow_unk: bool) -> torch.Tensor:
+    def _allowed(self, logp: torch.Tensor, t: int, limit: torch.Tensor, allow_unk: bool,
+                 inplace: bool = False) -> torch.Tensor:
         """Log-probabilities with forbidden choices at -inf: </s> first (no empty target),
-        any word past the length limit, and [UNK] unless allowed."""
-        logp = logp.clone()
+        any word past the length limit, and [UNK] unless allowed (`inplace`: in `logp` itself)."""
+        if not inplace:
+            logp = logp.clone()
         if t == 0:
             logp[:, self.eos] = -math.inf
         if not allow_unk:
@@ -93,6 +99,50 @@ class Generator:
             logp[over] = -math.inf
             logp[over, self.eos] = keep
         return logp
+
+    def _best_words(self, out: torch.Tensor, W: int, t: int, limit: torch.Tensor,
+                    allow_unk: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The W likeliest allowed words of each row of maxout outputs `out` [N, M] and their
+        log-probabilities, both [N, W], best first.
+
+        The same as `_allowed(log_softmax(logits))` then `topk`, with less traffic through memory:
+        the output layer runs a few rows at a time, so that each block of logits [rows, V] stays
+        in cache; a block is ranked once (ranking logits ranks log-probabilities) for its W + 2
+        best words, enough for W allowed ones since `_allowed` forbids at most two words (</s>,
+        [UNK]) of a row that is not at its length limit; then log Z is computed in place over the
+        block (`log_normalizer_`), and only the chosen words get it subtracted and the rules of
+        `_allowed` applied. A row at its limit keeps only </s>, whose logit is kept aside for it.
+        """
+        V = len(self.tgt_vocab)
+        rows, ranked = max(8, self.logit_block_bytes // (4 * V)), min(W + 2, V)
+        tops, words = [], []
+        for i in range(0, out.shape[0], rows):
+            logits = self.model.output.logits(out[i : i + rows]).float()
+            top, word = logits.topk(ranked, dim=1, sorted=False)
+            eos = logits[:, self.eos].clone()
+            log_z = log_normalizer_(logits)[:, None]  # overwrites the block
+            top -= log_z
+            if t == 0:
+                top.masked_fill_(word == self.eos, -math.inf)  # no empty target
+            if not allow_unk:
+                top.masked_fill_(word == self.unk, -math.inf)
+            over = limit[i : i + rows] <= t  # rows that must stop now: </s> only
+            if bool(over.any()):
+                top[over] = -math.inf
+                top[over, 0], word[over, 0] = (eos[:, None] - log_z)[over, 0], self.eos
+            top, pick = top.topk(W, dim=1)
+            tops.append(top)
+            words.append(word.gather(1, pick))
+        return torch.cat(tops), torch.cat(words)
+
+    @staticmethod
+    def _settled(finished: list[Hypothesis], n_best: int, best_live: float) -> bool:
+        """True when no live hypothesis (the best scores `best_live`, unnormalised) can enter the
+        `n_best` best of `finished`: their worst is at least `best_live`."""
+        if len(finished) < n_best:
+            return False
+        nth = sorted((h.log_prob for h in finished), reverse=True)[n_best - 1]
+        return nth >= best_live
 
     def _decode(self, rows: torch.Tensor) -> list[str]:
         """The words that unit ids `rows` spell (subword units joined into words)."""
@@ -164,13 +214,15 @@ class Generator:
         self,
         sources: Sequence[str],
         beam: int = 5,
-        n_best: int = 1,
+        n_best: int | Sequence[int] = 1,
         len_ratio: float = 2.0,
         len_extra: int = 3,
         normalize: bool = False,
         allow_unk: bool = True,
+        stop_early: bool = True,
     ) -> list[list[Hypothesis]]:
-        """The `n_best` best targets of each source (n_best <= beam), best first.
+        """The `n_best` best targets of each source (n_best <= beam; one number for every source, or
+        one per source), best first.
 
         Each step extends every live hypothesis by every word and keeps the
         2K best candidates of each source: those ending in </s> are finished,
@@ -183,10 +235,21 @@ class Generator:
         source's 2K best candidates), so only K * 2K candidates per source are
         ranked, in float64; and the sources that are done leave the batch, so
         the decoder steps only the live ones.
+
+        A third (`stop_early`, without `normalize`) ends a source before it has K
+        finished hypotheses once its `n_best` best finished ones score at least its
+        best live one: a log-probability only falls as words are added, so no live
+        hypothesis can finish above them, and the result is the one the full search
+        returns (up to candidates with equal scores). With length normalisation a
+        longer hypothesis can overtake, so the search runs to K finished as before.
         """
-        if beam < 1 or not 1 <= n_best <= beam:
+        wanted = [n_best] * len(sources) if isinstance(n_best, int) else list(n_best)
+        if len(wanted) != len(sources):
+            raise UserError(f"{len(wanted)} n-best sizes for {len(sources)} sources")
+        if beam < 1 or not all(1 <= n <= beam for n in wanted):
             raise UserError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
         K = beam
+        early = stop_early and not normalize
         ctx, lens = self._encode(sources)
         B, dev = len(sources), self.device
         ctx = ctx.select(torch.arange(B, device=dev).repeat_interleave(K))
@@ -203,15 +266,15 @@ class Generator:
         W = min(2 * K, V)  # words kept per live hypothesis
         for t in range(int(limit.max()) + 1):
             A = len(alive)
-            logits, state = self.model.step(ctx, state, e_prev)
-            logp = self._allowed(torch.log_softmax(logits.float(), dim=-1), t, limit, allow_unk)
-            row_top, row_word = logp.topk(W, dim=1)  # [A * K, W]: each hypothesis's best words
+            out, state = self.model.step_readout(ctx, state, e_prev)
+            row_top, row_word = self._best_words(out, W, t, limit, allow_unk)  # [A * K, W]
             cand = (live[:, :, None] + row_top.double().view(A, K, W)).view(A, K * W)
             top, idx = cand.topk(min(2 * K, K * W), dim=1)  # [A, 2K]
             origin, word = idx // W, row_word.view(A, K * W).gather(1, idx)
-            new_live = torch.full((A, K), -math.inf, dtype=torch.float64, device=dev)
-            new_origin = torch.zeros(A, K, dtype=torch.long, device=dev)
-            new_word = torch.full((A, K), self.eos, dtype=torch.long, device=dev)
+            # the next live hypotheses, built as lists and made tensors once per step
+            new_live = [[-math.inf] * K for _ in range(A)]
+            new_origin = [[0] * K for _ in range(A)]
+            new_word = [[self.eos] * K for _ in range(A)]
             top_l, origin_l, word_l = top.tolist(), origin.tolist(), word.tolist()
             keep = []
             for a, b in enumerate(alive):
@@ -228,13 +291,18 @@ class Generator:
                             norm = score / (int((units != self.eos).sum()) + 1) if normalize else score
                             finished[b].append(Hypothesis(words, score, norm))
                     elif k < K:
-                        new_live[a, k], new_origin[a, k], new_word[a, k] = score, origin_l[a][j], word_l[a][j]
+                        if k == 0:
+                            best_live = score  # candidates come best first
+                        new_live[a][k], new_origin[a][k], new_word[a][k] = score, origin_l[a][j], word_l[a][j]
                         k += 1
-                if len(finished[b]) < K and k > 0:
+                if len(finished[b]) < K and k > 0 and not (early and self._settled(finished[b], wanted[b], best_live)):
                     keep.append(a)
             if not keep:
                 break
             kept = torch.tensor(keep, device=dev)
+            new_live = torch.tensor(new_live, dtype=torch.float64, device=dev)
+            new_origin = torch.tensor(new_origin, dtype=torch.long, device=dev)
+            new_word = torch.tensor(new_word, dtype=torch.long, device=dev)
             rows = (kept[:, None] * K + new_origin[kept]).view(-1)  # the kept sources' surviving hypotheses
             state = state[rows]
             if len(keep) < A:  # sources that are done leave the batch
@@ -245,7 +313,7 @@ class Generator:
                                 new_word[kept][:, :, None]], 2)
             live = new_live[kept]
             e_prev = self.embed(new_word[kept].view(-1))
-        return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
+        return [sorted(f, key=lambda h: -h.score)[:n] for f, n in zip(finished, wanted)]
 
 
 def read_sources(path: str) -> list[str]:

@@ -160,11 +160,11 @@ class EncoderDecoder(PhraseModel):
     def start_state(self, ctx: DecoderContext) -> torch.Tensor:
         return ctx.h0  # h'_0 = tanh(V' c)
 
-    def step(self, ctx: DecoderContext, h: torch.Tensor, e_prev: torch.Tensor):
-        """One decoding step: (logits of y_t, h'_t) from h'_{t-1} and e(y_{t-1}) (zeros for t = 1)."""
+    def step_readout(self, ctx: DecoderContext, h: torch.Tensor, e_prev: torch.Tensor):
+        """One decoding step: (maxout s_t of y_t, h'_t) from h'_{t-1} and e(y_{t-1}) (zeros for t = 1)."""
         d = self.decoder
         h = d.step(d.W(e_prev), h, ctx.Cc)
-        return self.output.logits(d.readout(h, e_prev, ctx.Oc)), h
+        return d.readout(h, e_prev, ctx.Oc), h
 
     def readout_states(self, ctx: DecoderContext, tgt: torch.Tensor) -> torch.Tensor:
         """Teacher-forced maxout outputs s_t [B, T, M]; `tgt` holds the target words then </s>."""

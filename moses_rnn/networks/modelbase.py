@@ -247,9 +247,16 @@ class PhraseModel(nn.Module, ABC):
         """The decoder state before the first target word [B, H]; rows follow ctx's."""
 
     @abstractmethod
+    def step_readout(self, ctx: Context, state: torch.Tensor,
+                     e_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the maxout output s_t of y_t [B, M], the next state [B, H]) from the state before y_t
+        and e_prev = the embedding of y_{t-1} [B, E] (zeros for t = 1): `output.logits(s_t)` are
+        y_t's logits, which a caller may compute a few rows at a time (beam search does)."""
+
     def step(self, ctx: Context, state: torch.Tensor, e_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits of y_t [B, V], the next state [B, H]) from the state before y_t and
-        e_prev = the embedding of y_{t-1} [B, E] (zeros for t = 1)."""
+        """(logits of y_t [B, V], the next state [B, H]): `step_readout` through the output layer."""
+        s, state = self.step_readout(ctx, state, e_prev)
+        return self.output.logits(s), state
 
     # -- teacher forcing (training, scoring of whole batches) ------------------
     @abstractmethod

@@ -213,10 +213,10 @@ class RNNSearch(PhraseModel):
     def start_state(self, ctx: AttentionContext) -> torch.Tensor:
         return ctx.s0
 
-    def step(self, ctx: AttentionContext, state: torch.Tensor, e_prev: torch.Tensor):
-        """Generation step: (logits of y_i, s_i) from s_{i-1} and E y_{i-1} (zeros for i = 1)."""
+    def step_readout(self, ctx: AttentionContext, state: torch.Tensor, e_prev: torch.Tensor):
+        """Generation step: (maxout t_i of y_i, s_i) from s_{i-1} and E y_{i-1} (zeros for i = 1)."""
         t, state, _ = self.decoder.step(ctx, state, e_prev)
-        return self.output.logits(t), state
+        return t, state
 
     def readout_states(self, ctx: AttentionContext, tgt: torch.Tensor) -> torch.Tensor:
         """Teacher-forced maxout outputs t_i [B, T, M]; `tgt` holds the target words then </s>."""
