@@ -538,6 +538,35 @@ def analyze_columns(tables, output, labels, tm_column, min_words, examples, seed
     click.echo(f"{result.pairs:,} pairs compared", err=True)
 
 
+@analyze.command("augmented")
+@click.argument("table", type=click.Path(exists=True, dir_okay=False))
+@click.argument("trace", type=click.Path(exists=True, dir_okay=False))
+@click.argument("source", type=click.Path(exists=True, dir_okay=False))
+@click.option("-o", "--output", default="-", show_default=True, help="JSON file ('-': stdout).")
+@click.option("--examples", type=click.IntRange(min=0), default=12, show_default=True,
+              help="Generated pairs listed, the most used first.")
+@fail_cleanly
+def analyze_augmented(table, trace, source, output, examples):
+    """Which generated pairs of an augmented TABLE (moses-rnn augment) the 1-best of TRACE used: Moses's
+    output with -t (segmentation) for the sentences of SOURCE. Counts, the sentences that used one,
+    and the most used pairs, as JSON."""
+    import json
+
+    from mtcommon.textio import atomic_output
+
+    from .analysis.augmented import usage
+
+    u = usage(table, trace, source)
+    text = (json.dumps(u.as_dict(examples), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+    if output == "-":
+        click.get_binary_stream("stdout").write(text)
+    else:
+        with atomic_output(output, compress=False) as out:
+            out.write(text)
+    click.echo(f"{u.used:,} of {u.phrases:,} phrases of the 1-best were generated pairs ({len(u.pairs):,} distinct), "
+               f"in {len(u.sentences_using):,} of {u.sentences:,} sentences", err=True)
+
+
 @analyze.command("scatter")
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @_with_columns

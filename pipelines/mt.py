@@ -410,6 +410,60 @@ def shortlist_miss_bleu(work: Path, systems: list[str], tuner: str, test_src: Pa
     return len(chosen), rows
 
 
+# ---- augmented tables: the generated pairs the test 1-best used (Cho et al., Sec. 4.3) ----
+
+def augmentation_rows(work: Path, systems: list[str], tuner: str, test_ref: Path, examples: int = 12) -> list[str]:
+    """For each augmented system (SYSTEM-aug, beside SYSTEM) with usage.json in its tunings (`moses-rnn
+    analyze augmented`): the lines added, per tuning the generated pairs its test 1-best used and the BLEU
+    of the sentences that used one against SYSTEM's tuning of the same seed on the same sentences; and the
+    most used pairs of the first tuning, each with its sentence's BLEU in both systems."""
+    from sacrebleu.metrics import BLEU
+
+    reference = _lines(test_ref)
+    lines = []
+    for system in systems:
+        base = system[: -len("-aug")] if system.endswith("-aug") else None
+        runs = _runs(work, system, tuner)
+        found = {k: json.loads((d / "usage.json").read_text(encoding="utf-8"))
+                 for k, d in runs.items() if (d / "usage.json").exists()}
+        if not base or not found:
+            continue
+        base_runs = _runs(work, base, tuner)
+        first = found[next(iter(found))]
+        lines += ["", f"{label(system)}: {first['generated_lines']:,} generated lines added to the table's "
+                  f"{first['table_lines'] - first['generated_lines']:,} (+{100 * first['growth']:.1f}%). The test "
+                  f"1-best of each tuning (decoded again with Moses's -t), against {label(base)}'s tuning of the "
+                  "same seed on the sentences that used a generated pair:", "",
+                  "| Tuning | phrases used | generated (distinct) | sentences using one | BLEU there | "
+                  f"{label(base)} there |", "|---|---:|---:|---:|---:|---:|"]
+        for k, u in found.items():
+            ids = u["sentence_ids"]
+            ours = _subset_bleu([_lines(runs[k] / "test.detok")], reference, ids)
+            theirs = _subset_bleu([_lines(base_runs[k] / "test.detok")], reference, ids) \
+                if k in base_runs and (base_runs[k] / "test.detok").exists() else []
+            lines.append(f"| {k} | {u['phrases']:,} | {u['generated_phrases_used']:,} "
+                         f"({u['distinct_generated_pairs_used']:,}) | {len(ids):,} | "
+                         f"{ours[0]:.2f} | {theirs[0]:.2f} |" if ours and theirs else
+                         f"| {k} | {u['phrases']:,} | {u['generated_phrases_used']:,} "
+                         f"({u['distinct_generated_pairs_used']:,}) | {len(ids):,} | – | – |")
+        k = next(iter(found))
+        if first["examples"] and k in base_runs and (base_runs[k] / "test.detok").exists():
+            ours, theirs = _lines(runs[k] / "test.detok"), _lines(base_runs[k] / "test.detok")
+            bleu = BLEU(lowercase=True, effective_order=True)
+            lines += ["", f"The most used generated pairs of tuning {k}, each with the first test sentence that "
+                      f"used it: sentence BLEU (smoothed) of {label(system)} and of {label(base)} there:", "",
+                      "| source phrase | generated target | uses | sentence | BLEU | "
+                      f"{label(base)} | helped |", "|---|---|---:|---:|---:|---:|---|"]
+            for e in first["examples"][:examples]:
+                i = e["sentence"] - 1
+                a = bleu.sentence_score(ours[i], [reference[i]]).score
+                b = bleu.sentence_score(theirs[i], [reference[i]]).score
+                verdict = "yes" if a > b else "no" if a < b else "same"
+                lines.append(f"| {e['source']} | {e['target']} | {e['uses']} | {e['sentence']} | {a:.1f} | "
+                             f"{b:.1f} | {verdict} |")
+    return lines
+
+
 # ---- the networks alone, and BLEU by sentence length (Bahdanau et al., Table 1 and Figure 2) ----
 
 def _pooled(work: Path, system: str, tuner: str) -> list[list[str]]:
@@ -635,6 +689,8 @@ def report(args) -> None:
             lines += ["", f"BLEU on the {count:,} test sentences with a source word outside the word-level RNN's "
                       f"shortlist (`{Path(args.shortlist).name}`), scored as above:", "",
                       "| Models | tunings | BLEU test, those sentences |", "|---|---:|---:|", *rows]
+    if args.test_ref:
+        lines += augmentation_rows(work, systems, tuning, Path(args.test_ref))
     networks = args.networks.split() if args.networks else []
     if networks and args.test_src and args.test_trg and args.test_ref:
         lines += ["", *network_rows(work, networks, systems, tuning, Path(args.test_src), Path(args.test_trg),

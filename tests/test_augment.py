@@ -119,3 +119,35 @@ def test_augment_refuses_a_scored_or_unsorted_table(example_table, tiny_model, l
     assert r.exit_code != 0 and "RNNsearch" in r.output
     r = CliRunner().invoke(main, ["augment", str(example_table), "-m", str(tiny_model), "-o", str(out)])
     assert r.exit_code != 0 and "lex.f2e" in r.output
+
+
+def test_usage_counts_the_generated_pairs_of_a_segmented_one_best(tmp_path):
+    """analyze augmented: Moses's -t spans looked up among the indicator-e lines; bad traces fail by line."""
+    from moses_rnn.analysis.augmented import segments, strip_segmentation
+
+    table = tmp_path / "aug.gz"
+    with gzip.open(table, "wt") as f:
+        f.write("la maison ||| the house ||| 0.5 0.4 0.6 0.3 1 0.3 1 ||| 0-0 1-1 ||| 2 2 2 ||| |||\n"
+                "rouge ||| red ||| 0.5 0.4 0.6 0.3 1 0.6 1 ||| 0-0 ||| 2 2 2 ||| |||\n"
+                "rouge ||| scarlet ||| 0.1 0.1 0.2 0.1 2.718282 0.05 1 ||| 0-0 ||| 0 2 0 ||| |||\n"
+                "voiture rouge ||| red car ||| 0.1 0.1 0.2 0.1 2.718282 0.1 1 ||| 1-0 0-1 ||| 0 0 0 ||| |||\n")
+    (tmp_path / "src").write_text("la maison rouge\nvoiture rouge\nrouge\n")
+    (tmp_path / "trace").write_text("the house |0-1| scarlet |2-2|\nred car |0-1|\nred |0-0|\n")
+    assert segments("the house |0-1| |2-2| red |3-3|") == [("the house", 0, 1), ("", 2, 2), ("red", 3, 3)]
+    assert strip_segmentation("the house |0-1| scarlet |2-2|") == "the house scarlet"
+    out = tmp_path / "usage.json"
+    r = CliRunner().invoke(main, ["analyze", "augmented", str(table), str(tmp_path / "trace"), str(tmp_path / "src"),
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    import json
+    u = json.loads(out.read_text())
+    assert (u["table_lines"], u["generated_lines"], u["phrases"], u["generated_phrases_used"]) == (4, 2, 4, 2)
+    assert u["sentence_ids"] == [0, 1] and u["distinct_generated_pairs_used"] == 2
+    assert {(e["source"], e["target"], e["sentence"]) for e in u["examples"]} == {
+        ("rouge", "scarlet", 1), ("voiture rouge", "red car", 2)}
+    (tmp_path / "bad").write_text("the house |0-1| scarlet |2-2|\nred car |0-4|\nred |0-0|\n")
+    r = CliRunner().invoke(main, ["analyze", "augmented", str(table), str(tmp_path / "bad"), str(tmp_path / "src")])
+    assert r.exit_code != 0 and "bad:2" in r.output and "Traceback" not in r.output
+    (tmp_path / "plain").write_text("the house scarlet\nred car\nred\n")
+    r = CliRunner().invoke(main, ["analyze", "augmented", str(table), str(tmp_path / "plain"), str(tmp_path / "src")])
+    assert r.exit_code != 0 and "plain:1" in r.output and "-t" in r.output

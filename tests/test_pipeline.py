@@ -207,6 +207,12 @@ def test_dry_run_augmented_system(tmp_path):
             f"--path {w}/augment/phrase-table.rnn.gz") in plan
     assert "--count 1 --weight 0 --fixed" in plan and "ini weight" in plan and "CSLM name=CSLM0" in plan
     assert plan.count("mert-moses.pl") == 3 and "times.tsv augment -- " in plan
+    # each tuning's test set decoded again with Moses's segmentation, for the generated pairs it used
+    for k in (1, 2, 3):
+        run = f"{w}/systems/cslm-rnn-aug/mert-{k}"
+        assert f"-f {run}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit 1000 -t" in plan
+        assert (f"moses-rnn analyze augmented {w}/augment/phrase-table.rnn.gz {run}/test.trace {w}/data/test.en "
+                f"-o {run}/usage.json") in plan
 
 
 def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):
@@ -1050,3 +1056,28 @@ def test_systems_start_from_the_documented_weights(tmp_path):
     wp = MosesIni.read(str(w / "systems" / "cslm-rnn-wp" / "moses.ini"))
     assert wp.weights("TranslationModel0")[4] == 0.2 and wp.weights("CSLM0") == [0.05, -0.1]
     assert wp.weights("LM0") == [0.45]
+
+
+def test_report_rows_of_an_augmented_system(tmp_path):
+    """Per tuning, the generated pairs its 1-best used and the BLEU of the sentences that used one against
+    the extended system's tuning of the same seed; the most used pairs with their sentences' BLEU."""
+    pytest.importorskip("sacrebleu")
+    w = tmp_path / "w"
+    ref = ["la maison rouge .", "une voiture rouge .", "il pleut ."]
+    (tmp_path / "ref").write_text("\n".join(ref) + "\n")
+    outputs = {"cslm-rnn-aug": ["la maison rouge .", "une voiture rouge .", "il pleut ."],
+               "cslm-rnn": ["la maison .", "une auto .", "il pleut ."]}
+    for system, out in outputs.items():
+        run = w / "systems" / system / "mert-1"
+        run.mkdir(parents=True)
+        (run / "test.detok").write_text("\n".join(out) + "\n")
+    usage = {"table_lines": 12, "generated_lines": 2, "growth": 0.2, "sentences": 3, "phrases": 7,
+             "generated_phrases_used": 2, "distinct_generated_pairs_used": 2, "sentences_using_generated": 2,
+             "sentence_ids": [0, 1], "examples": [{"source": "red", "target": "rouge", "uses": 1, "sentence": 1},
+                                                  {"source": "car", "target": "voiture", "uses": 1, "sentence": 2}]}
+    (w / "systems" / "cslm-rnn-aug" / "mert-1" / "usage.json").write_text(json.dumps(usage))
+    text = "\n".join(mt.augmentation_rows(w, ["cslm-rnn", "cslm-rnn-aug"], "mert", tmp_path / "ref"))
+    assert "2 generated lines added to the table's 10 (+20.0%)" in text
+    assert "| mert-1 | 7 | 2 (2) | 2 | 100.00 |" in text  # the augmented outputs match the references there
+    assert "| red | rouge | 1 | 1 | 100.0 |" in text and text.count("| yes |") == 2
+    assert mt.augmentation_rows(w, ["cslm-rnn"], "mert", tmp_path / "ref") == []

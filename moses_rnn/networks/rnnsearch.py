@@ -106,7 +106,8 @@ class AttentionDecoder(nn.Module):
 
     def attend(self, ctx: AttentionContext, s_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """alpha_i [B, T] and c_i [B, 2H] from s_{i-1} [B, H] (A.1.2)."""
-        e = self.v_a(torch.tanh(self.W_a(s_prev)[:, None, :] + ctx.keys)).squeeze(-1)  # e_ij  [B, T]
+        # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  [B, T]; tanh in place: one [B, T, A] tensor, not two
+        e = self.v_a(torch.tanh_(self.W_a(s_prev)[:, None, :] + ctx.keys)).squeeze(-1)
         e = e.masked_fill(~ctx.mask, -math.inf)  # padded positions get no weight
         alpha = torch.softmax(e, dim=-1)
         c = torch.bmm(alpha[:, None, :], ctx.annotations).squeeze(1)  # c_i = sum_j alpha_ij h_j
