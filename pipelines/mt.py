@@ -33,7 +33,8 @@ from mtcommon.textio import atomic_output, iter_lines
 # the report's names of the systems of pipelines/Makefile (SYSTEMS there); another name is shown as it is
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP",
           "rnn-subword": "RNN, subword units", "rnnsearch": "RNNsearch", "cslm-rnnsearch": "CSLM + RNNsearch",
-          "cslm-rnn-subword": "CSLM + RNN, subword units", "cslm-rnn-aug": "CSLM + RNN, augmented table"}
+          "cslm-rnn-subword": "CSLM + RNN, subword units", "cslm-rnn-aug": "CSLM + RNN, augmented table",
+          "cslm-rnn-aug-input": "CSLM + RNN, augmented with input n-grams"}
 
 
 def label(system: str) -> str:
@@ -413,7 +414,7 @@ def shortlist_miss_bleu(work: Path, systems: list[str], tuner: str, test_src: Pa
 # ---- augmented tables: the generated pairs the test 1-best used (Cho et al., Sec. 4.3) ----
 
 def augmentation_rows(work: Path, systems: list[str], tuner: str, test_ref: Path, examples: int = 12) -> list[str]:
-    """For each augmented system (SYSTEM-aug, beside SYSTEM) with usage.json in its tunings (`moses-rnn
+    """For each augmented system (SYSTEM-aug or SYSTEM-aug-input, beside SYSTEM) with usage.json in its tunings (`moses-rnn
     analyze augmented`): the lines added, per tuning the generated pairs its test 1-best used and the BLEU
     of the sentences that used one against SYSTEM's tuning of the same seed on the same sentences; and the
     most used pairs of the first tuning, each with its sentence's BLEU in both systems."""
@@ -422,7 +423,7 @@ def augmentation_rows(work: Path, systems: list[str], tuner: str, test_ref: Path
     reference = _lines(test_ref)
     lines = []
     for system in systems:
-        base = system[: -len("-aug")] if system.endswith("-aug") else None
+        base = system[: system.index("-aug")] if "-aug" in system else None  # SYSTEM-aug, SYSTEM-aug-input
         runs = _runs(work, system, tuner)
         found = {k: json.loads((d / "usage.json").read_text(encoding="utf-8"))
                  for k, d in runs.items() if (d / "usage.json").exists()}

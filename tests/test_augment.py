@@ -151,3 +151,18 @@ def test_usage_counts_the_generated_pairs_of_a_segmented_one_best(tmp_path):
     (tmp_path / "plain").write_text("the house scarlet\nred car\nred\n")
     r = CliRunner().invoke(main, ["analyze", "augmented", str(table), str(tmp_path / "plain"), str(tmp_path / "src")])
     assert r.exit_code != 0 and "plain:1" in r.output and "-t" in r.output
+
+
+def test_a_source_with_a_word_the_network_lacks_gets_no_generated_target(example_table, tiny_model, lex_files,
+                                                                         tmp_path):
+    """(a) as (b): the network cannot translate a word outside its shortlist, so such a source keeps its lines."""
+    table = tmp_path / "table"
+    lines = read(example_table)
+    lines.append("zzzunseen ||| inconnu ||| 0.5 0.5 0.5 0.5 ||| 0-0 ||| 1 1 1 ||| |||\n")  # last in sort order
+    table.write_text("".join(lines))
+    out = tmp_path / "augmented"
+    r = run_augment(table, tiny_model, out, lex_files, "--few", "5")
+    assert r.exit_code == 0, r.output
+    added = [line for line in read(out) if f" {math.e:.6f} ||| " in line]
+    assert added and not any(line.startswith("zzzunseen ||| ") for line in added)
+    assert read(out)[-1].startswith("zzzunseen ||| inconnu ||| 0.5 0.5 0.5 0.5 1 |||")

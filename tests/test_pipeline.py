@@ -189,30 +189,35 @@ def test_dry_run_reranked_systems(tmp_path):
 
 
 def test_dry_run_augmented_system(tmp_path):
-    """cslm-rnn-aug: the base table augmented by the RNN (sources with one target, the dev and test
-    sources' missing n-grams, at most 20% more lines), scored by the RNN, then cslm-rnn's set-up with
-    the indicator column tuned from 0 and the unknown-word column fixed."""
+    """cslm-rnn-aug: the base table augmented by the RNN (sources with one target, at most 20% more lines),
+    scored by the RNN, then cslm-rnn's set-up with the indicator column tuned from 0 and the unknown-word
+    column fixed; cslm-rnn-aug-input: the dev and test sources' missing n-grams too, in its own folder."""
     w = tmp_path / "w"
-    r = _make("-n", "BUDGET=1", "SYSTEMS=cslm-rnn-aug", MOSES="/opt/mosesdecoder", WORK=str(w),
+    r = _make("-n", "BUDGET=1", "SYSTEMS=cslm-rnn-aug cslm-rnn-aug-input", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert r.returncode == 0, r.stderr
     plan = r.stdout
-    assert f"cat {w}/data/dev.en {w}/data/test.en > {w}/augment/input.en" in plan
-    assert (f"moses-rnn augment $({sys.executable} {PIPE}/mt.py table-path {w}/model-devtest/moses.ini) -m {w}/rnn/model "
-            f"-o {w}/augment/phrase-table.gz") in plan
-    assert (f"--lex-f2e {w}/train/model/lex.f2e --lex-e2f {w}/train/model/lex.e2f --input {w}/augment/input.en --few 1 "
-            "--per-source 3 --max-ngram 3 --max-growth 0.2") in plan
-    assert f"score {w}/augment/phrase-table.gz -m {w}/rnn/model -o {w}/augment/phrase-table.rnn.gz --unknown" in plan
-    assert (f"ini add-columns {w}/model-devtest/moses.ini --table TranslationModel0 --count 2 --weight 0 --weight 0.05 "
-            f"--path {w}/augment/phrase-table.rnn.gz") in plan
+    for folder, system in (("augment", "cslm-rnn-aug"), ("augment-input", "cslm-rnn-aug-input")):
+        assert (f"moses-rnn augment $({sys.executable} {PIPE}/mt.py table-path {w}/model-devtest/moses.ini) -m "
+                f"{w}/rnn/model -o {w}/{folder}/phrase-table.gz") in plan
+        assert (f"score {w}/{folder}/phrase-table.gz -m {w}/rnn/model -o {w}/{folder}/phrase-table.rnn.gz "
+                "--unknown") in plan
+        assert (f"ini add-columns {w}/model-devtest/moses.ini --table TranslationModel0 --count 2 --weight 0 "
+                f"--weight 0.05 --path {w}/{folder}/phrase-table.rnn.gz -o {w}/systems/{system}/moses.ini.tmp") in plan
+        # each tuning's test set decoded again with Moses's segmentation, for the generated pairs it used
+        for k in (1, 2, 3):
+            run = f"{w}/systems/{system}/mert-{k}"
+            assert f"-f {run}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit 1000 -t" in plan
+            assert (f"moses-rnn analyze augmented {w}/{folder}/phrase-table.rnn.gz {run}/test.trace {w}/data/test.en "
+                    f"-o {run}/usage.json") in plan
+    lex = f"--lex-f2e {w}/train/model/lex.f2e --lex-e2f {w}/train/model/lex.e2f"
+    assert f"{lex} --few 1 --per-source 3 --max-growth 0.2 --quiet" in plan  # (a) only
+    assert f"cat {w}/data/dev.en {w}/data/test.en > {w}/augment-input/input.en" in plan
+    assert (f"{lex} --few 1 --per-source 3 --max-growth 0.2 --max-ngram 3 --input {w}/augment-input/input.en "
+            "--quiet") in plan
+    assert f"{w}/augment/input.en" not in plan
     assert "--count 1 --weight 0 --fixed" in plan and "ini weight" in plan and "CSLM name=CSLM0" in plan
-    assert plan.count("mert-moses.pl") == 3 and "times.tsv augment -- " in plan
-    # each tuning's test set decoded again with Moses's segmentation, for the generated pairs it used
-    for k in (1, 2, 3):
-        run = f"{w}/systems/cslm-rnn-aug/mert-{k}"
-        assert f"-f {run}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit 1000 -t" in plan
-        assert (f"moses-rnn analyze augmented {w}/augment/phrase-table.rnn.gz {run}/test.trace {w}/data/test.en "
-                f"-o {run}/usage.json") in plan
+    assert plan.count("mert-moses.pl") == 6 and "times.tsv augment -- " in plan
 
 
 def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):

@@ -7,7 +7,8 @@ train-model.perl writes it, grouped and sorted by source) into a new one:
 
 - every existing line is kept byte for byte, with one more score appended: the indicator
   of a generated line, 1 (ln 1 = 0) for these;
-- (a) a source with at most `few` targets gets up to `per_source` new ones;
+- (a) a source with at most `few` targets, whose words the network knows, gets up to `per_source`
+  new ones;
 - (b) with `input`, each n-gram of that text (up to `max_ngram` words) that the table lacks
   and whose words the network knows (no unit maps to `[UNK]`) becomes a new source with up
   to `per_source` targets, placed where Moses's sort order puts it;
@@ -107,14 +108,20 @@ def input_ngrams(path: str, max_ngram: int, gen: Generator) -> list[str]:
             for i in range(len(words) - n + 1):
                 seen.add(" ".join(words[i : i + n]))
     grams = sorted(seen, key=_key)
-    if grams:
-        ids, lens = gen.src_vocab.encode_phrases(grams)
-        unknown = set((ids == gen.src_vocab.unk_id).nonzero()[0].tolist())
-        if unknown:  # the phrase of each unit: which phrases hold an unknown one
-            owner = np.repeat(np.arange(len(grams)), lens)
-            bad = set(owner[sorted(unknown)].tolist())
-            grams = [g for i, g in enumerate(grams) if i not in bad]
-    return grams
+    return [g for g, ok in zip(grams, readable(gen, grams)) if ok]
+
+
+def readable(gen: Generator, phrases: list[str]) -> list[bool]:
+    """For each phrase, whether the network's source vocabulary knows all its units (none maps to [UNK]):
+    a network cannot translate a word it has never read."""
+    ok = [True] * len(phrases)
+    if phrases:
+        ids, lens = gen.src_vocab.encode_phrases(phrases)
+        unknown = (ids == gen.src_vocab.unk_id).nonzero()[0]
+        if len(unknown):  # the phrase of each unit: which phrases hold an unknown one
+            for i in np.repeat(np.arange(len(phrases)), lens)[unknown].tolist():
+                ok[i] = False
+    return ok
 
 
 def _source_count(pair) -> int:
@@ -160,7 +167,7 @@ def augment_table(table: str, gen: Generator, lex_f2e: LexicalTable, lex_e2f: Le
                 c += 1
             if c < len(candidates) and candidates[c] == source:
                 c += 1  # the table has it
-            yield _Job(source, group, 0 < cfg.few and len(group) <= cfg.few)
+            yield _Job(source, group, 0 < cfg.few and len(group) <= cfg.few and readable(gen, [source])[0])
         for rest in candidates[c:]:
             stats.candidates += 1
             yield _Job(rest, [], True)
