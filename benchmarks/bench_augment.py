@@ -11,7 +11,7 @@ pipeline's work folder has both, for example
 
 --lines takes the table's first lines only (whole source groups are kept together by Moses's
 sort, so a cut ends at most one group early). --args passes more options to `augment` (the
-pipeline's AUGMENT_ARGS by default).
+pipeline's AUGMENT_INPUT_ARGS by default, the heavier of its two tables with --input).
 
 Target: augment <= 2x the time of score.
 """
@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit  # noqa: E402
 
-PIPELINE_ARGS = "--few 1 --per-source 3 --max-ngram 3 --max-growth 0.2"  # pipelines/Makefile AUGMENT_ARGS
+PIPELINE_ARGS = "--few 1 --per-source 3 --max-ngram 3 --max-growth 0.2"  # pipelines/Makefile AUGMENT_INPUT_ARGS
 
 
 def head(table: str, lines: int, folder: str) -> str:
