@@ -414,8 +414,8 @@ def shortlist_miss_bleu(work: Path, systems: list[str], tuner: str, test_src: Pa
 # ---- augmented tables: the generated pairs the test 1-best used (Cho et al., Sec. 4.3) ----
 
 def augmentation_rows(work: Path, systems: list[str], tuner: str, test_ref: Path, examples: int = 12) -> list[str]:
-    """For each augmented system (SYSTEM-aug or SYSTEM-aug-input, beside SYSTEM) with usage.json in its tunings (`moses-rnn
-    analyze augmented`): the lines added, per tuning the generated pairs its test 1-best used and the BLEU
+    """For each augmented system (SYSTEM-aug or SYSTEM-aug-input, beside SYSTEM) with usage.json in its
+    tunings (`moses-rnn analyze augmented`): the lines added, per tuning the generated pairs its test 1-best used and the BLEU
     of the sentences that used one against SYSTEM's tuning of the same seed on the same sentences; and the
     most used pairs of the first tuning, each with its sentence's BLEU in both systems."""
     from sacrebleu.metrics import BLEU
@@ -442,11 +442,9 @@ def augmentation_rows(work: Path, systems: list[str], tuner: str, test_ref: Path
             ours = _subset_bleu([_lines(runs[k] / "test.detok")], reference, ids)
             theirs = _subset_bleu([_lines(base_runs[k] / "test.detok")], reference, ids) \
                 if k in base_runs and (base_runs[k] / "test.detok").exists() else []
+            cells = f"{ours[0]:.2f} | {theirs[0]:.2f}" if ours and theirs else "– | –"
             lines.append(f"| {k} | {u['phrases']:,} | {u['generated_phrases_used']:,} "
-                         f"({u['distinct_generated_pairs_used']:,}) | {len(ids):,} | "
-                         f"{ours[0]:.2f} | {theirs[0]:.2f} |" if ours and theirs else
-                         f"| {k} | {u['phrases']:,} | {u['generated_phrases_used']:,} "
-                         f"({u['distinct_generated_pairs_used']:,}) | {len(ids):,} | – | – |")
+                         f"({u['distinct_generated_pairs_used']:,}) | {len(ids):,} | {cells} |")
         k = next(iter(found))
         if first["examples"] and k in base_runs and (base_runs[k] / "test.detok").exists():
             ours, theirs = _lines(runs[k] / "test.detok"), _lines(base_runs[k] / "test.detok")

@@ -83,12 +83,10 @@ class Generator:
             mask[i, : len(s)] = True
         return self.model.context(src, mask), [len(s) for s in ids]
 
-    def _allowed(self, logp: torch.Tensor, t: int, limit: torch.Tensor, allow_unk: bool,
-                 inplace: bool = False) -> torch.Tensor:
+    def _allowed(self, logp: torch.Tensor, t: int, limit: torch.Tensor, allow_unk: bool) -> torch.Tensor:
         """Log-probabilities with forbidden choices at -inf: </s> first (no empty target),
-        any word past the length limit, and [UNK] unless allowed (`inplace`: in `logp` itself)."""
-        if not inplace:
-            logp = logp.clone()
+        any word past the length limit, and [UNK] unless allowed."""
+        logp = logp.clone()
         if t == 0:
             logp[:, self.eos] = -math.inf
         if not allow_unk:
