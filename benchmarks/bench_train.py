@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -97,6 +98,17 @@ def cslm_flops_per_ngram(preset: str) -> float:
     c = cslm_preset(preset)
     sizes = [c.context * c.embed, *c.hidden, c.vocab_size]
     return 3.0 * 2.0 * sum(a * b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+@functools.lru_cache(maxsize=None)
+def table_lengths(table: str) -> tuple[int, int, float, float]:
+    """Both shortlists' sizes and the mean source and target lengths (words, no </s>) of a table's pairs:
+    what one example's arithmetic depends on."""
+    from moses_rnn.training.train import build_vocabularies, load_corpus
+
+    sv, tv = build_vocabularies(table, 15000, 15000)
+    corpus = load_corpus(table, sv, tv)
+    return len(sv), len(tv), float(corpus.src_len.mean()), float(corpus.tgt_len.mean()) - 1
 
 
 def run_rnn(table: str, preset: str, threads: int | None, steps: int, work: str) -> dict:
@@ -201,12 +213,6 @@ def main() -> None:
         report["gemm_gflops"][f"fp32_{threads}t"] = round(gemm_rate(torch.float32, threads), 1)
         if cpu_has_bf16():
             report["gemm_gflops"][f"bf16_{threads}t"] = round(gemm_rate(torch.bfloat16, threads), 1)
-    # the arithmetic of one example, from the data's mean lengths
-    from moses_rnn.training.train import build_vocabularies, load_corpus
-
-    sv, tv = build_vocabularies(table, 15000, 15000)
-    corpus = load_corpus(table, sv, tv)
-    src_len, tgt_len = float(corpus.src_len.mean()), float(corpus.tgt_len.mean())
     conditions = [("idle", 1), ("idle", cores), ("busy", 1), ("busy", cores), ("busy", None)] if cores > 1 else \
         [("idle", 1)]
     nets = a.nets.split(",")
@@ -218,7 +224,7 @@ def main() -> None:
                 steps = a.steps or (12 if a.quick else {"small": 60, "paper": 15}.get(preset, 15))
                 fn = lambda th, st=steps, p=preset, c=corpus: run_sent(c, p, th, st, work)  # noqa: E731
             elif net == "rnn":
-                flops = rnn_flops_per_pair(preset, len(sv), len(tv), src_len, tgt_len - 1, 2048)
+                flops = rnn_flops_per_pair(preset, *table_lengths(table), 2048)
                 steps = a.steps or (12 if a.quick else {"small": 150, "paper": 30}.get(preset, 30))
                 fn = lambda th, st=steps, p=preset: run_rnn(table, p, th, st, work)  # noqa: E731
             else:
