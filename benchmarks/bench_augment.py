@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import itertools
 import os
 import shlex
 import statistics
@@ -30,18 +29,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import emit  # noqa: E402
+from common import emit, table_slice  # noqa: E402
 
 PIPELINE_ARGS = "--few 1 --per-source 3 --max-ngram 3 --max-growth 0.2"  # pipelines/Makefile AUGMENT_INPUT_ARGS
-
-
-def head(table: str, lines: int, folder: str) -> str:
-    """The first `lines` lines of `table`, gzipped into `folder`."""
-    out = os.path.join(folder, f"table{lines}.gz")
-    opener = gzip.open if table.endswith(".gz") else open
-    with opener(table, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
-        dst.writelines(itertools.islice(src, lines))
-    return out
 
 
 def timed(cmd: list[str]) -> float:
@@ -69,7 +59,7 @@ def main(argv=None) -> None:
             raise SystemExit(f"{path}: no such file or directory")
     exe = os.path.join(os.path.dirname(sys.executable), "moses-rnn")
     with tempfile.TemporaryDirectory(prefix="moses-rnn-bench-augment-") as work:
-        table = head(a.table, a.lines, work) if a.lines else a.table
+        table = table_slice(a.lines, work, table=a.table) if a.lines else a.table
         out = os.path.join(work, "out.gz")
         score = [exe, "score", table, "-m", a.model, "-o", out, "--unknown", "--quiet"]
         augment = [exe, "augment", table, "-m", a.model, "-o", out, "--lex-f2e", a.lex_f2e, "--lex-e2f", a.lex_e2f,

@@ -23,11 +23,12 @@ SHARED = ROOT.parent / "shared" / "data"
 REAL_TABLE = SHARED / "en-fr-moses" / "phrase-table.gz"
 
 
-def table_slice(lines: int, folder: str, name: str | None = None) -> str:
-    """The first `lines` lines of the real phrase table, gzipped into `folder`."""
+def table_slice(lines: int, folder: str, name: str | None = None, table: str | Path = REAL_TABLE) -> str:
+    """The first `lines` lines of a phrase table (plain or gzip; the real one by default), gzipped into `folder`."""
     out = os.path.join(folder, name or f"slice{lines}.gz")
     if not os.path.exists(out):
-        with gzip.open(REAL_TABLE, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
+        opener = gzip.open if str(table).endswith(".gz") else open
+        with opener(table, "rb") as src, gzip.open(out, "wb", compresslevel=1) as dst:
             dst.writelines(itertools.islice(src, lines))
     return out
 
