@@ -421,22 +421,56 @@ def rescore_nbest(nbest, model_dir, source, output, feature, unknown, device, dt
 
 
 @main.command()
-@click.argument("source")
+@click.argument("source", required=False)
 @click.argument("target", required=False)
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, help="PNG file.")
-@click.option("-k", "--beam", default=5, show_default=True, help="Beam width when TARGET is not given.")
+@click.option("-i", "--input", "input_file", type=click.Path(exists=True, dir_okay=False),
+              help="Source sentences, one a line, instead of SOURCE: several alignments in one picture.")
+@click.option("--targets", type=click.Path(exists=True, dir_okay=False),
+              help="With --input: target sentences line by line with it (e.g. the reference) [the model's translations].")
+@click.option("--lines", help="With --input: 1-based line numbers, comma-separated [the first 4 of 10-20 words].")
+@click.option("-k", "--beam", default=5, show_default=True, help="Beam width when no target is given.")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @fail_cleanly
-def align(source, target, model_dir, output, beam, device):
-    """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG."""
+def align(source, target, model_dir, output, input_file, targets, lines, beam, device):
+    """Draw the soft alignment of an RNNsearch model for SOURCE and TARGET (or its translation) as PNG,
+    or for several lines of a file (--input) in one picture (Bahdanau et al., Figure 3)."""
     from mtcommon.runtime import resolve_device
-    from .analysis.align import draw_alignment, soft_alignment
+    from mtcommon.textio import iter_lines
+    from .analysis.align import draw_alignment, draw_alignments, pick_lines, soft_alignment
     from .networks.modelio import load_model
 
-    a = soft_alignment(load_model(model_dir, resolve_device(device)), source, target, beam=beam)
-    draw_alignment(a, output)
-    click.echo(f"{' '.join(a.target[:-1])} -> {output}", err=True)
+    if bool(source) == bool(input_file):
+        raise click.UsageError("give SOURCE [TARGET], or --input FILE")
+    if not input_file and (targets or lines):
+        raise click.UsageError("--targets and --lines go with --input")
+    loaded = load_model(model_dir, resolve_device(device))
+    if source:
+        a = soft_alignment(loaded, source, target, beam=beam)
+        draw_alignment(a, output)
+        click.echo(f"{' '.join(a.target[:-1])} -> {output}", err=True)
+        return
+    sources = [line for _, line in iter_lines(input_file)]
+    wanted = pick_lines(sources)
+    if lines:
+        try:
+            wanted = [int(n) - 1 for n in lines.split(",")]
+        except ValueError:
+            raise click.UsageError(f"--lines {lines!r}: expected numbers separated by commas") from None
+    if not wanted:
+        raise click.UsageError(f"{input_file}: no line of 10-20 words; choose with --lines")
+    outside = [n + 1 for n in wanted if not 0 <= n < len(sources)]
+    if outside:
+        raise click.UsageError(f"{input_file} has {len(sources)} lines, not line {outside[0]}")
+    given = [line for _, line in iter_lines(targets)] if targets else None
+    if given is not None and len(given) != len(sources):
+        raise click.UsageError(f"{targets} has {len(given)} lines, {input_file} {len(sources)}")
+    alignments = [soft_alignment(loaded, sources[n], given[n] if given else None, beam=beam) for n in wanted]
+    what = "given target" if targets else "the network's translation"
+    draw_alignments(alignments, output, [f"line {n + 1}" for n in wanted],
+                    f"RNNsearch soft alignments ({what})")
+    click.echo(f"{len(wanted)} alignments -> {output}", err=True)
 
 
 @main.group()
@@ -565,6 +599,42 @@ def analyze_augmented(table, trace, source, output, examples):
             out.write(text)
     click.echo(f"{u.used:,} of {u.phrases:,} phrases of the 1-best were generated pairs ({len(u.pairs):,} distinct), "
                f"in {len(u.sentences_using):,} of {u.sentences:,} sentences", err=True)
+
+
+@analyze.command("learning")
+@click.argument("model_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--output", default="-", show_default=True,
+              help="A .json file (one object per MODEL_DIR), else Markdown ('-' for stdout).")
+@click.option("--label", "labels", multiple=True, help="One label per MODEL_DIR [the folder names].")
+@click.option("--dev", nargs=2, type=click.Path(exists=True, dir_okay=False), metavar="SRC TGT",
+              help="A parallel dev text (tokenized, one sentence a line) for the dev NLL.")
+@click.option("--sample", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="Training pairs the train NLL is computed on.")
+@click.option("--seed", type=SEED, default=1, show_default=True, help="Seed of the training sample.")
+@click.option("--device", default="cpu", show_default=True, callback=check_device, help="auto, cpu, cuda or cuda:N.")
+@fail_cleanly
+def analyze_learning(model_dirs, output, labels, dev, sample, seed, device):
+    """Learning statistics of trained networks (Bahdanau et al., Table 2): updates, epochs, hours and
+    device of the saved model; NLL per sentence pair on training pairs, the held-out pairs and --dev."""
+    import json
+
+    from mtcommon.textio import atomic_output
+
+    from .analysis.learning import learning_stats, markdown
+
+    if labels and len(labels) != len(model_dirs):
+        raise click.UsageError(f"{len(labels)} --label for {len(model_dirs)} model directories")
+    names = labels or [os.path.basename(os.path.normpath(d)) for d in model_dirs]
+    rows = [(n, learning_stats(d, dev, sample, seed, device).as_json()) for n, d in zip(names, model_dirs)]
+    if output.endswith(".json"):
+        text = json.dumps([{"label": n, **r} for n, r in rows], indent=1) + "\n"
+    else:
+        text = markdown(rows)
+    if output == "-":
+        click.echo(text, nl=False)
+    else:
+        with atomic_output(output, compress=False) as out:
+            out.write(text.encode("utf-8"))
 
 
 @analyze.command("scatter")

@@ -303,7 +303,7 @@ class Trainer(ABC):
                                                 self.device.type == "cuda" else None)
         params = [p for p in model.parameters() if p.requires_grad]
         clip = getattr(cfg, "clip", None)
-        meta = {**self.describe(), "train_config": asdict(cfg)}
+        meta = {**self.describe(), "train_config": asdict(cfg), "device": self.device.type}
 
         def record(ppl: float) -> None:
             loop.history.append(Evaluation(loop.step, watch.seconds, loop.examples_seen, ppl))

@@ -157,6 +157,19 @@ def _bleu(path: Path) -> dict | None:
         return json.load(f)
 
 
+def _json_list(path: Path) -> list[dict]:
+    """The list of objects in a JSON file (`moses-rnn analyze learning`'s); [] if there is no file."""
+    if not path.exists():
+        return []
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise UserError(f"{path}: not JSON ({e})") from None
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise UserError(f"{path}: expected a list of objects")
+    return value
+
+
 def _runs(work: Path, system: str, tuner: str = "mert") -> dict[str, Path]:
     """The tunings of a system by a tuner: run name -> folder (systems/SYSTEM/TUNER-K, in the order
     of K; a folder with its own bleu.json, the layout of a single tuning, counts as one run named '')."""
@@ -348,6 +361,8 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
 
 
 # the phrase networks the pipeline trains: model folder under WORK -> name in the report
+NETWORK_ARCHS = {"rnnsearch": "RNNsearch", "encdec": "RNNencdec"}
+
 NETWORKS = {"rnn": "RNN Encoder–Decoder", "rnn-subword": "RNN Encoder–Decoder, subword units", "rnnsearch": "RNNsearch"}
 
 
@@ -694,6 +709,19 @@ def report(args) -> None:
     if networks and args.test_src and args.test_trg and args.test_ref:
         lines += ["", *network_rows(work, networks, systems, tuning, Path(args.test_src), Path(args.test_trg),
                                     Path(args.test_ref))]
+    learned = [(f"{name} ({NETWORK_ARCHS.get(r['arch'], r['arch'])})", r) for name in networks
+               for r in _json_list(work / name / "learning.json")]
+    if learned:
+        from moses_rnn.analysis.learning import markdown
+
+        lines += ["", "Learning statistics of the sentence networks (Bahdanau et al., Table 2): the saved model's "
+                  "updates, passes over the training pairs and hours in training steps; NLL per sentence pair "
+                  "(natural log) on 1,000 training pairs, on the pairs held out from training, and on the dev set:",
+                  "", markdown(learned).rstrip("\n")]
+    drawn = [name for name in networks if (work / name / "alignments.png").exists()]
+    if drawn:
+        lines += ["", "Soft alignments of the first 4 test sentences of 10-20 words with their references "
+                  "(Bahdanau et al., Figure 3): " + ", ".join(f"`{name}/alignments.png`" for name in drawn)]
     if args.length_plot and args.test_src and args.test_ref:
         table = plot_lengths(work, [*systems, *networks], tuning, Path(args.test_src), Path(args.test_ref),
                              args.length_plot)

@@ -204,16 +204,22 @@ def test_every_picture_has_a_title_axis_names_and_a_key(monkeypatch, scored_tabl
     """Each figure the analysis draws is read on its own: a title, both axes named, and a legend (or,
     for the alignment's shades of grey, a colour bar with its name)."""
     from moses_rnn.analysis import align, analyze
-    from moses_rnn.analysis.align import Alignment, draw_alignment
+    from moses_rnn.analysis.align import Alignment, draw_alignment, draw_alignments
     from moses_rnn.analysis.analyze import labelled_map
 
     figures = []
     for module in (analyze, align):
-        monkeypatch.setattr(module, "save_figure", lambda fig, path: figures.append(fig))
+        monkeypatch.setattr(module, "save_figure", lambda fig, path, dpi=150: figures.append(fig))
     score_scatter(str(scored_table), str(tmp_path / "s.png"))
     labelled_map(np.random.default_rng(0).normal(size=(50, 2)), [f"w{i}" for i in range(50)], str(tmp_path / "m.png"),
                  "word map")
-    draw_alignment(Alignment(["a", "cat"], ["un", "chat", "</s>"], np.full((3, 2), 0.5)), str(tmp_path / "a.png"))
+    a = Alignment(["a", "cat"], ["un", "chat", "</s>"], np.full((3, 2), 0.5))
+    draw_alignment(a, str(tmp_path / "a.png"))
+    draw_alignments([a] * 3, str(tmp_path / "b.png"), ["one", "two", "three"], "several")
+    assert len(figures) == 4
+    several = figures.pop()  # three panels and an empty fourth, each panel with its colour bar
+    assert [ax.get_title() for ax in several.axes[:3]] == ["one", "two", "three"] and several._suptitle.get_text() == "several"
+    assert sum(bool(ax.get_xlabel() and ax.get_ylabel()) for ax in several.axes) == 3
     assert len(figures) == 3
     for fig in figures:
         ax = fig.axes[0]

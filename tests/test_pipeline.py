@@ -160,6 +160,11 @@ def test_dry_run_reranked_systems(tmp_path):
         assert f"moses-rnn translate -m {w}/{name}/model -i {w}/data/test.en -o {w}/{name}/test.out --beam 5" in plan
         assert f"sacrebleu {w}/data/test.ref.fr -i {w}/{name}/test.detok -lc -w 2" in plan
     assert f'--networks "sent sent-encdec" --length-plot {w}/report.lengths.png' in plan
+    for name in ("sent", "sent-encdec"):  # Table 2: each network's learning statistics, for the report
+        assert (f"moses-rnn analyze learning {w}/{name}/model --label {name} --dev {w}/data/dev.en {w}/data/dev.fr "
+                f"-o {w}/{name}/learning.json") in plan
+    assert (f"moses-rnn align -m {w}/sent/model -i {w}/data/test.en --targets {w}/data/test.fr "
+            f"-o {w}/sent/alignments.png") in plan  # Figure 3
     run, base = f"{w}/systems/baseline-rerank/mert-2", f"{w}/systems/baseline/mert-2"
     # RERANK_NBEST (100): the test set's 100-best lists, and the first 100 of each dev sentence's 300
     assert (f"/opt/mosesdecoder/bin/moses -f {base}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit "
@@ -241,10 +246,15 @@ def test_report_networks_alone_and_bleu_by_length(tmp_path, tiny_model):
     run.mkdir(parents=True)
     (run / "test.detok").write_text("\n".join([ref[0], ref[1], " ".join(fr), "w"]) + "\n")
     (run / "test.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 1.0}))
+    nll = {"pairs": 10, "target_symbols": 50, "total": 123.0, "per_pair": 12.3, "perplexity": 11.7}
+    (tmp_path / "sent" / "learning.json").write_text(json.dumps([{
+        "label": "sent", "arch": "rnnsearch", "updates": 3944, "epochs": 4.21, "hours": 0.574,
+        "device": "cpu, bf16, 1 thread(s)", "train": nll, "heldout": {**nll, "per_pair": 39.04}, "dev": None}]))
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline", "--test-ref",
              str(tmp_path / "test.ref"), "--samples", "10", "--ar-samples", "10", "--test-src", str(tmp_path / "test.en"),
              "--test-trg", str(tmp_path / "test.fr"), "--networks", "sent", "--length-plot", str(tmp_path / "len.png")])
     text = (tmp_path / "report.md").read_text()
+    assert "| sent (RNNsearch) | 3,944 | 4.2 | 0.57 | cpu, bf16, 1 thread(s) | 12.3 | 39.0 | – |" in text
     assert "and on the 2 whose source and reference" in text  # lines 1 and 3
     every = sacrebleu.corpus_bleu(network, [ref], lowercase=True).score
     clean = sacrebleu.corpus_bleu([network[0], network[2]], [[ref[0], ref[2]]], lowercase=True).score

@@ -1,5 +1,6 @@
 """Whole sentences: training on a parallel corpus, translating a file, rescoring Moses n-best lists."""
 
+import json
 import math
 
 import pytest
@@ -144,3 +145,76 @@ def test_a_bad_nbest_line_is_named(sentence_model, corpus, tmp_path, line, messa
                                   corpus[0], "-o", str(out), "--quiet"])
     assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output
     assert not out.exists()
+
+
+def test_learning_stats_rebuild_the_trainers_split(sentence_model, corpus, tmp_path):
+    """Table 2's numbers: the held-out NLL computed again equals the one the trainer saved the model on
+    (so the held-out pairs are the trainer's), the train sample is drawn from the other pairs, and the
+    dev NLL is the mean of -log p over the dev pairs."""
+    import json
+
+    from moses_rnn.analysis.learning import learning_stats
+    from moses_rnn.networks.modelio import load_model
+    from moses_rnn.scoring.score import PhraseScorer
+
+    meta = load_model(str(sentence_model)).meta
+    s = learning_stats(str(sentence_model), dev=corpus, sample=10)
+    saved = math.log(meta["valid_ppl"]) * meta["valid_target_words"] / meta["valid_pairs"]
+    assert s.heldout.pairs == 4 and s.heldout.per_pair == pytest.approx(saved, rel=1e-4)
+    assert s.train.pairs == 10 and s.train_pairs == 36 and s.updates == meta["step"] == 30
+    seen = Checkpoint.load(str(sentence_model)).loop.history[-1].examples_seen
+    assert s.epochs == pytest.approx(seen / 36) and seen >= 30  # the rows of the batches up to the saved step
+    assert s.hours is not None and 0 < s.hours < 1 and s.device.startswith("cpu")
+    sources, targets = read_corpus_pairs(*corpus)
+    lp = PhraseScorer.from_dir(str(sentence_model), device="cpu").score(list(zip(sources, targets)))
+    assert s.dev.pairs == 41 and s.dev.per_pair == pytest.approx(-lp.mean(), rel=1e-5)
+
+    out = tmp_path / "t2.json"
+    r = CliRunner().invoke(main, ["analyze", "learning", str(sentence_model), "--label", "net", "--sample", "10",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(out.read_text())
+    assert rows[0]["label"] == "net" and rows[0]["dev"] is None
+    assert rows[0]["heldout"]["per_pair"] == pytest.approx(s.heldout.per_pair, rel=1e-6)
+    r = CliRunner().invoke(main, ["analyze", "learning", str(sentence_model), "--sample", "10"])
+    assert r.exit_code == 0 and "| model | 30 |" in r.output
+
+
+def test_learning_stats_refuse_a_corpus_changed_since_training(sentence_model, corpus, tmp_path):
+    import shutil
+
+    from moses_rnn.analysis.learning import learning_stats
+
+    copy = tmp_path / "model"
+    shutil.copytree(sentence_model, copy)
+    config = json.loads((copy / "config.json").read_text())
+    (tmp_path / "c.en").write_text("one more line\n" + open(corpus[0]).read())
+    (tmp_path / "c.fr").write_text("une ligne de plus\n" + open(corpus[1]).read())
+    config["meta"]["corpus"] = [str(tmp_path / "c.en"), str(tmp_path / "c.fr")]
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="trained on 40 pairs, but its data now has 41"):
+        learning_stats(str(copy), sample=5)
+
+
+def test_align_draws_several_lines_of_a_file(sentence_model, corpus, tmp_path):
+    """--input: the lines asked for (or the first 4 of 10-20 words), with the given targets or the model's
+    translations, in one PNG; a bad line number or a target file of another length is one line naming it."""
+    from moses_rnn.analysis.align import pick_lines
+
+    assert pick_lines(["a " * 9, "b " * 10, "c " * 20, "d " * 21, "e " * 12, "f " * 15, "g " * 11], 3) == [1, 2, 4]
+    out = tmp_path / "a.png"
+    for extra in (["--lines", "1,3", "--targets", corpus[1]], ["--lines", "2"]):
+        r = CliRunner().invoke(main, ["align", "-m", str(sentence_model), "-i", corpus[0], "-o", str(out), *extra])
+        assert r.exit_code == 0, r.output
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        out.unlink()
+    r = CliRunner().invoke(main, ["align", "-m", str(sentence_model), "-i", corpus[0], "-o", str(out),
+                                  "--lines", "99"])
+    assert r.exit_code != 0 and "has 42 lines, not line 99" in r.output and not out.exists()
+    short = tmp_path / "short.fr"
+    short.write_text("une ligne\n")
+    r = CliRunner().invoke(main, ["align", "-m", str(sentence_model), "-i", corpus[0], "-o", str(out),
+                                  "--lines", "1", "--targets", str(short)])
+    assert r.exit_code != 0 and "short.fr has 1 lines" in r.output and not out.exists()
+    r = CliRunner().invoke(main, ["align", "-m", str(sentence_model), "-o", str(out)])
+    assert r.exit_code != 0 and "give SOURCE [TARGET], or --input FILE" in r.output

@@ -41,25 +41,46 @@ def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5
     return Alignment(src_words, tgt_words + [EOS], gen.attention(source, target))
 
 
+def pick_lines(lines: list[str], count: int = 4, shortest: int = 10, longest: int = 20) -> list[int]:
+    """0-based indices of the first `count` lines of `shortest` to `longest` words (the paper's Figure 3
+    shows sentences of that kind)."""
+    return [i for i, line in enumerate(lines) if shortest <= len(line.split()) <= longest][:count]
+
+
 def draw_alignment(a: Alignment, output: str, title: str = "RNNsearch soft alignment") -> None:
     """The heat map as PNG: source words along the top, target words down the side, a colour bar
     for the weights (white 1, black 0)."""
+    draw_alignments([a], output, [title])
+
+
+def draw_alignments(alignments: list[Alignment], output: str, titles: list[str], suptitle: str | None = None) -> None:
+    """Several heat maps in one PNG, two a row (Figure 3's layout), each with its own title and colour bar."""
     plt = _pyplot()
-    S, T = len(a.source), len(a.target)
     cell = 0.42
-    fig, ax = plt.subplots(figsize=(max(4.2, 3.0 + cell * S), max(3.2, 2.0 + cell * T)))
-    image = ax.imshow(a.weights, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
-    ax.set_xticks(range(S))
-    ax.set_xticklabels(a.source, rotation=90, fontsize=10)
-    ax.set_yticks(range(T))
-    ax.set_yticklabels(a.target, fontsize=10)
-    ax.xaxis.tick_top()
-    ax.xaxis.set_label_position("top")
-    ax.tick_params(length=0)
-    ax.set_xlabel("source words j")
-    ax.set_ylabel("target words i (and </s>)")
-    ax.set_title(title, fontsize=11, pad=10)
-    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    bar.set_label("alignment weight α_ij (each row sums to 1)")
-    save_figure(fig, output)
+    cols = min(2, len(alignments))
+    rows = (len(alignments) + cols - 1) // cols
+    width = max(max(4.2, 3.0 + cell * len(a.source)) for a in alignments)
+    height = max(max(3.2, 2.0 + cell * len(a.target)) for a in alignments)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax, a, title in zip(axes.flat, alignments, titles):
+        S, T = len(a.source), len(a.target)
+        image = ax.imshow(a.weights, cmap="gray", vmin=0.0, vmax=1.0, aspect="equal", interpolation="nearest")
+        ax.set_xticks(range(S))
+        ax.set_xticklabels(a.source, rotation=90, fontsize=10)
+        ax.set_yticks(range(T))
+        ax.set_yticklabels(a.target, fontsize=10)
+        ax.xaxis.tick_top()
+        ax.xaxis.set_label_position("top")
+        ax.tick_params(length=0)
+        ax.set_xlabel("source words j")
+        ax.set_ylabel("target words i (and </s>)")
+        ax.set_title(title, fontsize=11, pad=10)
+        bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        bar.set_label("alignment weight α_ij (each row sums to 1)")
+    for ax in list(axes.flat)[len(alignments):]:
+        ax.axis("off")
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=12)
+    fig.tight_layout()
+    save_figure(fig, output, dpi=150 if len(alignments) == 1 else 100)
     plt.close(fig)

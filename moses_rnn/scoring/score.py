@@ -193,6 +193,11 @@ class PhraseScorer:
         """log p(target | source) of each (source, target) pair, float64 [len(pairs)]."""
         return self._score_keys(*self._keys(pairs))[0]
 
+    def log_probs(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+        """(log p(target | source), target symbols: units + </s>) of each pair, float64 [len(pairs)] each."""
+        lp, symbols, _ = self._score_keys(*self._keys(pairs))
+        return lp, symbols
+
     @staticmethod
     def _keys(pairs: Sequence[tuple[str, str]]) -> tuple[list[bytes], list[bytes]]:
         return [phrase_key(s) for s, _ in pairs], [phrase_key(t) for _, t in pairs]
