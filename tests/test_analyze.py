@@ -277,3 +277,16 @@ def test_columns_compare_tables_scored_by_different_models(example_table, tmp_pa
         f.writelines(head)
     r = runner.invoke(main, ["analyze", "columns", tables[0], str(tmp_path / "short.gz")])
     assert r.exit_code != 0 and "short.gz" in r.output and "not the same table" in r.output
+
+
+def test_learning_stats_of_a_phrase_model(tiny_model):
+    """A network trained on a phrase table: its unique pairs and held-out split rebuilt from the table."""
+    import math
+
+    from moses_rnn.analysis.learning import learning_stats
+    from moses_rnn.networks.modelio import load_model
+
+    meta = load_model(str(tiny_model)).meta
+    s = learning_stats(str(tiny_model), sample=50)
+    assert s.heldout.pairs == 20 and s.train.pairs == 50 and s.updates == meta["step"] and s.dev is None
+    assert s.heldout.per_pair == pytest.approx(math.log(meta["valid_ppl"]) * meta["valid_target_words"] / 20, rel=1e-4)
