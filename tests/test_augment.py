@@ -166,3 +166,32 @@ def test_a_source_with_a_word_the_network_lacks_gets_no_generated_target(example
     added = [line for line in read(out) if f" {math.e:.6f} ||| " in line]
     assert added and not any(line.startswith("zzzunseen ||| ") for line in added)
     assert read(out)[-1].startswith("zzzunseen ||| inconnu ||| 0.5 0.5 0.5 0.5 1 |||")
+
+
+def test_a_killed_augment_leaves_the_previous_output(example_table, tiny_model, lex_files, tmp_path):
+    """SIGTERM in the middle of the run (at the first generation, with lines already written): the output
+    that was there stays as it was, and no part file is left beside it."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.gz"
+    out.write_bytes(gzip.compress(b"previous\n"))
+    code = (
+        "import os, signal, sys\n"
+        "from moses_rnn.generation import generate\n"
+        "orig = generate.Generator.beam_search\n"
+        "n = [0]\n"
+        "def beam_search(self, *a, **k):\n"
+        "    n[0] += 1\n"
+        "    if n[0] == 1: os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return orig(self, *a, **k)\n"
+        "generate.Generator.beam_search = beam_search\n"
+        "from moses_rnn.cli import main\n"
+        f"sys.argv = ['moses-rnn', 'augment', {str(example_table)!r}, '-m', {str(tiny_model)!r}, '-o', {str(out)!r},"
+        f" '--lex-f2e', {str(lex_files[0])!r}, '--lex-e2f', {str(lex_files[1])!r}, '--few', '3', '--quiet']\n"
+        "main()\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 143, p.stderr
+    assert gzip.decompress(out.read_bytes()) == b"previous\n"
+    assert sorted(x.name for x in tmp_path.iterdir() if x.name.startswith("out")) == ["out.gz"]
