@@ -191,7 +191,7 @@ class PhraseScorer:
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """log p(target | source) of each (source, target) pair, float64 [len(pairs)]."""
-        return self._score_keys(*self._keys(pairs))[0]
+        return self.log_probs(pairs)[0]
 
     def log_probs(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
         """(log p(target | source), target symbols: units + </s>) of each pair, float64 [len(pairs)] each."""
