@@ -29,6 +29,10 @@ model type and the file, as in megam):
     -memory N       L-BFGS memory (default 5)
     -nobias         no bias feature (mert-moses.pl passes it)
     -quiet          no progress output on stderr
+    -nonneg NAMES   (not megam's) keep the weights of these comma-separated
+                    features at or above 0 (empty: none): the box-constrained
+                    fit that mert's -P does for MERT.  The pipeline passes
+                    PRO's names (F<j>) for the scores of its POSITIVE features.
 
 What megam does, and where this deviates (megam 0.92's source: main.ml, cg.ml, data.ml):
   * megam `binary` maximises sum_n log sigmoid(y_n w.x_n) - lambda/2 |w|^2,
@@ -63,7 +67,7 @@ except ImportError as e:  # run by an interpreter without the project's environm
     sys.exit(f"megam.py: error: {e.name} is not installed for {sys.executable} (pip install scipy)")
 
 PROG = "megam.py"
-USAGE = "usage: megam.py [-fvals] [-maxi N] [-lambda X] [-memory N] [-nobias] [-quiet] binary FILE"
+USAGE = "usage: megam.py [-fvals] [-maxi N] [-lambda X] [-memory N] [-nobias] [-quiet] [-nonneg NAMES] binary FILE"
 # megam options that this replacement does not implement: refused by name.
 MEGAM_ONLY = {"-filespec", "-explicit", "-dpp", "-tune", "-sprog", "-sfile", "-sargs", "-sspec", "-sforcef",
               "-predict", "-mean", "-init", "-minfc", "-bnsfs", "-abffs", "-curve", "-repeat", "-lastweight",
@@ -82,7 +86,7 @@ def parse_args(argv: list[str]) -> dict:
     """megam's command line: options, then <model-type> <input-file>."""
     if len(argv) < 2:
         raise UsageError("expected options, the model type and a file")
-    opts = {"fvals": False, "maxi": 100, "lambda": 1.0, "memory": 5, "bias": True, "quiet": False}
+    opts = {"fvals": False, "maxi": 100, "lambda": 1.0, "memory": 5, "bias": True, "quiet": False, "nonneg": set()}
     *flags, model, path = argv
     i = 0
     while i < len(flags):
@@ -94,6 +98,11 @@ def parse_args(argv: list[str]) -> dict:
             opts["bias"] = False
         elif a == "-quiet":
             opts["quiet"] = True
+        elif a == "-nonneg":
+            if i >= len(flags):
+                raise UsageError("-nonneg expects comma-separated feature names")
+            opts["nonneg"] = {n.encode() for n in flags[i].split(",") if n}
+            i += 1
         elif a in ("-maxi", "-lambda", "-memory"):
             if i >= len(flags):
                 raise UsageError(f"{a} expects an argument")
@@ -175,9 +184,11 @@ def read_data(path: str, fvals: bool):
             np.frombuffer(indices, dtype=np.int32), vals, list(vocab), name)
 
 
-def fit(y01, X, lam: float, bias: bool, maxi: int, memory: int):
+def fit(y01, X, lam: float, bias: bool, maxi: int, memory: int, nonneg=None):
     """Minimise sum_n log(1 + exp(-s_n (w.x_n + b))) + lam/2 (|w|^2 + b^2), s_n = 2 y_n - 1,
-    with L-BFGS (megam's objective; PRO is this logistic regression, Hopkins & May 2011)."""
+    with L-BFGS (megam's objective; PRO is this logistic regression, Hopkins & May 2011).
+    nonneg: a boolean per column of X whose weight must stay >= 0 (L-BFGS-B's bounds; the
+    problem stays convex, so the fit is the constrained optimum)."""
     from scipy.optimize import minimize
     from scipy.special import expit
 
@@ -197,7 +208,10 @@ def fit(y01, X, lam: float, bias: bool, maxi: int, memory: int):
 
     if d + bias == 0:  # nothing to fit: no features and -nobias
         return np.zeros(0), 0.0, 0
-    res = minimize(f, np.zeros(d + bias), jac=True, method="L-BFGS-B",
+    bounds = None
+    if nonneg is not None and np.any(nonneg):
+        bounds = [(0.0, None) if c else (None, None) for c in nonneg] + [(None, None)] * bias
+    res = minimize(f, np.zeros(d + bias), jac=True, method="L-BFGS-B", bounds=bounds,
                    options={"maxiter": maxi, "maxcor": memory})
     return res.x[:d], (float(res.x[d]) if bias else 0.0), res.nit
 
@@ -233,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     n_pos = int(y.sum())
     if not quiet and n_pos in (0, len(y)):
         print(f"{PROG}: warning: {fname}: all {len(y)} examples are of class {int(n_pos > 0)}", file=sys.stderr)
-    w, b, nit = fit(y, X, opts["lambda"], opts["bias"], opts["maxi"], opts["memory"])
+    nonneg = np.array([n in opts["nonneg"] for n in names], dtype=bool)
+    w, b, nit = fit(y, X, opts["lambda"], opts["bias"], opts["maxi"], opts["memory"], nonneg)
     if not np.all(np.isfinite(w)) or not np.isfinite(b):
         print(f"{PROG}: error: {fname}: the optimiser diverged (try a larger -lambda)", file=sys.stderr)
         return 1

@@ -786,6 +786,27 @@ def positive(args) -> None:
     print(",".join(names))
 
 
+def pro_features(args) -> None:
+    """Print the names PRO's data gives the named scores (`F<j>,...`: pro writes each dense score
+    as F followed by its position in the feature files), from the header of a features file that
+    Moses's extractor wrote for the same tuning (`FEATURES_TXT_BEGIN_0 SENT N COUNT NAME...`);
+    megam.py -nonneg takes them. A name the header lacks stops with one line naming the file."""
+    wanted = [n for n in args.names.split(",") if n]
+    if not wanted:  # no constraint: the file is not read
+        print("")
+        return
+    with open(args.features, "rb") as fh:
+        header = fh.readline().decode("utf-8", "replace").split()
+    if len(header) < 4 or header[0] != "FEATURES_TXT_BEGIN_0" or not header[3].isdigit() \
+            or len(header) != 4 + int(header[3]):
+        raise UserError(f"{args.features}: not a Moses features file (no FEATURES_TXT_BEGIN_0 header naming its scores)")
+    column = {name: j for j, name in enumerate(header[4:])}
+    missing = [n for n in wanted if n not in column]
+    if missing:
+        raise UserError(f"{args.features}: no score named {', '.join(missing)} (it has {' '.join(header[4:])})")
+    print(",".join(f"F{column[n]}" for n in wanted))
+
+
 def best_iteration(args) -> None:
     """Print the iteration whose weights mert-moses.pl --return-best-dev returned (its log's
     'copying weights from best iteration (N, bleu=...)'); exit 1 when the log has none."""
@@ -950,6 +971,10 @@ def main(argv=None) -> None:
     a.add_argument("ini")
     a.add_argument("features", nargs="+", help="feature names (LexicalReordering0 ...)")
     a.set_defaults(fn=positive)
+    a = sub.add_parser("pro-features", help="PRO's names (F<j>) of scores named as mert names them")
+    a.add_argument("features", help="a features file of the tuning (mert/run1.features.dat)")
+    a.add_argument("names", help="comma-separated score names, as `mt.py positive` prints them (may be empty)")
+    a.set_defaults(fn=pro_features)
     a = sub.add_parser("preflight")
     a.add_argument("--moses", required=True, help="the Moses checkout (with bin/ built)")
     a.add_argument("--tuner", default="mert", choices=sorted(TUNER_NEEDS))

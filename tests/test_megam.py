@@ -170,8 +170,40 @@ def test_bad_data_as_subprocess_no_traceback(tmp_path):
     (["-maxi", "0", "binary", "d"], "-maxi should be >= 1"),
     (["-lambda", "-1", "binary", "d"], "-lambda should be >= 0"),
     (["-lambda", "binary", "d"], "-lambda expects an argument"),
+    (["-nonneg", "binary", "d"], "-nonneg expects comma-separated feature names"),
     (["d"], "expected options, the model type and a file"),
 ])
 def test_bad_command_line_is_one_line(args, message):
     rc, out, err = run_main(*args)
     assert rc != 0 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+def test_nonneg_is_the_constrained_optimum(tmp_path):
+    """-nonneg (not megam's: PRO's side of the pipeline's POSITIVE) keeps the named weights at or
+    above 0. The data want F1 < 0; with F1 bounded the fit is the constrained optimum: the
+    objective's gradient is 0 in every free coordinate and points up (>= 0) in F1, held at 0 (KKT).
+    Names the data lack are ignored; an empty list is no constraint."""
+    data = tmp_path / "run1.pro.data"
+    write_pro_data(data, [1.0, -0.8, 0.5], {}, n_pairs=800, seed=3)
+    rc, free, _ = run_main("-fvals", "-maxi", "200", "-nobias", "-quiet", "binary", str(data))
+    assert rc == 0
+    w_free = mert_moses_read(free, 3)[0]
+    assert w_free[1] < -0.1  # unconstrained, the data's sign
+    rc, empty, _ = run_main("-fvals", "-maxi", "200", "-nobias", "-quiet", "-nonneg", "", "binary", str(data))
+    assert rc == 0 and empty == free
+    rc, out, _ = run_main("-fvals", "-maxi", "200", "-nobias", "-quiet", "-nonneg", "F1,F7,LM0_0", "binary", str(data))
+    assert rc == 0
+    w = np.zeros(3)
+    for line in out.splitlines():
+        m = DENSE.match(line)
+        w[int(m[1])] = float(m[2])
+    assert w[1] >= 0.0 and w[0] > 0 and w[2] > 0
+    y01, indptr, indices, vals, names, _ = MOD.read_data(str(data), True)
+    cols = np.array([int(n[1:]) for n in names])[indices]  # F<j> -> j
+    X = np.zeros((len(y01), 3))
+    np.add.at(X, (np.repeat(np.arange(len(y01)), np.diff(indptr)), cols), vals)
+    s = 2.0 * y01 - 1.0
+    r = -s / (1.0 + np.exp(s * (X @ w)))  # d/d score of sum log(1 + exp(-s w.x))
+    grad = X.T @ r + 1.0 * w  # lambda = 1, megam's default
+    assert abs(grad[0]) < 1e-3 * w[0] and abs(grad[2]) < 1e-3 * w[2]  # the prior's pull balances the data's
+    assert w[1] == 0.0 and grad[1] > 0  # held at its bound, which the objective pushes against

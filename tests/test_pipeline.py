@@ -725,6 +725,30 @@ def test_positive_names_every_score_of_each_feature(tmp_path):
         assert r.returncode == 1 and r.stdout == "" and message in r.stderr and len(r.stderr.splitlines()) == 1
 
 
+def test_pro_features_maps_score_names_to_pros_columns(tmp_path):
+    """PRO's data name dense scores F<j>, j their place in the extractor's features file: POSITIVE's
+    scores become megam.py's -nonneg list through that file's header; a name it lacks, or a file
+    that is not a features file, is one line naming the file; no names read no file."""
+    feats = tmp_path / "run1.features.dat"
+    feats.write_text("FEATURES_TXT_BEGIN_0 0 2 4 LM0_0 LexicalReordering0_0 TranslationModel0_0 Distortion0_0\n"
+                     "-12 -1 -2 0\nFEATURES_TXT_END_0\n")
+
+    def pro_features(path, names):
+        return subprocess.run([sys.executable, str(PIPE / "mt.py"), "pro-features", str(path), names],
+                              capture_output=True, text=True)
+    r = pro_features(feats, "TranslationModel0_0,LexicalReordering0_0")
+    assert r.returncode == 0 and r.stdout == "F2,F1\n"
+    r = pro_features(tmp_path / "absent", "")
+    assert r.returncode == 0 and r.stdout == "\n"
+    r = pro_features(feats, "LexicalReordering0_0,LexicalReordering0_5")
+    assert r.returncode == 1 and r.stdout == "" and len(r.stderr.splitlines()) == 1
+    assert f"{feats}: no score named LexicalReordering0_5" in r.stderr
+    bad = tmp_path / "bad.dat"
+    bad.write_text("FEATURES_TXT_BEGIN_0 0 2 3 LM0_0\n")  # says 3 scores, names 1
+    r = pro_features(bad, "LM0_0")
+    assert r.returncode == 1 and f"{bad}: not a Moses features file" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
 def test_best_iteration_and_table_path(tmp_path):
     log = tmp_path / "mert.log"
     log.write_text("run 5 end\ncopying weights from best iteration (4, bleu=0.1161) to moses.ini\nTraining finished\n")
@@ -907,10 +931,17 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
     Each tuner gets its own options and the run's seed; PRO gets a mertdir with megam in it."""
     moses = _fake_moses(tmp_path / "moses", tuner)
     fake = moses / "scripts" / "training" / "mert-moses.pl"  # records its arguments, writes moses.ini
-    fake.write_text('#!/bin/sh\nwd=""; md=""; prev=""\n'
+    header = "FEATURES_TXT_BEGIN_0 0 300 11 LM0_0 " + " ".join(
+        [f"LexicalReordering0_{i}" for i in range(6)] + [f"TranslationModel0_{i}" for i in range(4)])
+    fake.write_text(f'#!/bin/sh\nheader="{header}"\n'
+                    'wd=""; md=""; prev=""\n'
                     'for a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; [ "$prev" = --mertdir ] && md=$a; prev=$a; done\n'
                     'mkdir -p "$wd"; ls "$wd" > "$wd/../found"; echo "$@" > "$wd/args"; ls "$md" > "$wd/../mertdir"\n'
-                    '[ -x "$md/megam_i686.opt" ] && "$md/megam_i686.opt" -h > "$wd/../megam" 2>&1\n'
+                    # PRO: megam run as mert-moses.pl runs it, in the tuning's mert/ folder beside the
+                    # extractor's features file; the data want F1 (LexicalReordering0_0) below 0
+                    '[ -x "$md/megam_i686.opt" ] && cd "$wd" && printf "%s\\n" "$header" > run1.features.dat\n'
+                    '[ -x "$md/megam_i686.opt" ] && printf "1 F0 1 F1 -2\\n0 F0 -1 F1 2\\n1 F0 1 F1 -1\\n0 F0 -1 F1 1\\n" > p.data'
+                    ' && "$md/megam_i686.opt" -fvals -nobias -quiet binary p.data > ../megam 2>&1\n'
                     'printf "[weight]\\nLM0= 0.5\\n" > "$wd/moses.ini"\n')
     fake.chmod(0o755)
     work = tmp_path / "w"
@@ -959,7 +990,8 @@ def test_interrupted_tuning_resumes_from_its_last_finished_iteration(tmp_path, t
         if tuner == "pro":  # Moses's optimiser binaries beside a megam that runs pipelines/megam.py
             assert set((run / "mertdir").read_text().split()) == {"extractor", "mert", "pro", "kbmira", "evaluator",
                                                                   "megam_i686.opt"}
-            assert "usage" in (run / "megam").read_text().lower()
+            weights = (run / "megam").read_text()  # POSITIVE's scores are F1-F10 there: F1 held at 0
+            assert weights.startswith("F0 ") and "F1 " not in weights, weights
         else:
             assert f"--mertdir {moses}/bin " in args
 
@@ -979,7 +1011,8 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
         assert f"{w}/systems/{system}/{tuner}-3/tuned.ini" in plan
     assert f"--tuner {tuner} " in plan and f"{w}/report.{tuner}.png" in plan
     assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")
-    assert (plan.count("mt.py positive ") == 24) == (tuner == "mert")
+    assert plan.count("mt.py positive ") == (0 if tuner == "kbmira" else 24)
+    assert plan.count("pro-features run1.features.dat") == (24 if tuner == "pro" else 0)
     if tuner == "mert":  # POSITIVE empty: no constraint
         r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
