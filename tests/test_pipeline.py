@@ -1013,6 +1013,8 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert (plan.count("megam_i686.opt") > 0) == (tuner == "pro")
     assert plan.count("mt.py positive ") == (0 if tuner == "kbmira" else 24)
     assert plan.count("pro-features run1.features.dat") == (24 if tuner == "pro" else 0)
+    # times.tsv: the papers' tuner (mert, 20 restarts) as tune-SYSTEM, any other as tune-SYSTEM.TUNING
+    assert ("tune-baseline -- " in plan) == (tuner == "mert") and (f"tune-baseline.{tuner} " in plan) == (tuner != "mert")
     if tuner == "mert":  # POSITIVE empty: no constraint
         r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
@@ -1030,7 +1032,7 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert r.stdout.count("--random-restarts 0 ") == (8 if tuner == "mert" else 0)
     assert f"{w}/systems/baseline/{tuning}-{1 if tuner == 'mert' else 3}/tuned.ini" in r.stdout and f"{w}/report.{tuning}.png" in r.stdout
     assert (f"{w}/systems/baseline/{tuner}-1/" in r.stdout) == (tuner != "mert")
-    assert "--restarts 0 " in r.stdout and (f"tune-baseline.{tuning} " in r.stdout) == (tuner == "mert")
+    assert "--restarts 0 " in r.stdout and f"tune-baseline.{tuning} " in r.stdout  # times.tsv tells tunings apart
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
