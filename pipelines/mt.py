@@ -239,14 +239,7 @@ def timed(args) -> None:
 
 def _step_times(path: Path) -> list[str]:
     """Markdown rows: per step, how many times it ran, its median and total minutes."""
-    steps: dict[str, list[float]] = {}
-    for _, line in iter_lines(str(path)):
-        step, _, seconds = line.partition("\t")
-        try:
-            steps.setdefault(step, []).append(float(seconds))
-        except ValueError:
-            raise ValueError(f"{path}: not STEP<TAB>seconds: {line!r}") from None
-    return [f"| {step} | {len(v)} | {statistics.median(v) / 60:.1f} | {sum(v) / 60:.1f} |" for step, v in steps.items()]
+    return [f"| {step} | {len(v)} | {statistics.median(v):.1f} | {sum(v):.1f} |" for step, v in step_minutes(path).items()]
 
 
 # ---- the networks' sizes and budgets ----------------------------------------------------
@@ -356,6 +349,113 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     fig.tight_layout()
     tmp = output + ".tmp.png"
     fig.savefig(tmp, bbox_inches="tight")  # cropped to the axes and the legend below them
+    plt.close(fig)
+    Path(tmp).replace(output)
+
+
+def step_minutes(times: Path) -> dict[str, list[float]]:
+    """times.tsv's minutes per step: STEP -> [minutes of each run of it], in the file's order."""
+    steps: dict[str, list[float]] = {}
+    if times.exists():
+        for _, line in iter_lines(str(times)):
+            step, _, seconds = line.partition("\t")
+            try:
+                steps.setdefault(step, []).append(float(seconds) / 60)
+            except ValueError:
+                raise ValueError(f"{times}: not STEP<TAB>seconds: {line!r}") from None
+    return steps
+
+
+def tuners(args) -> None:
+    """The tuners side by side on the same systems (docs/pipeline.md, "Tuners compared"): per system and
+    tuner, its tunings' test and dev BLEU (mean ± sd), test BLEU per tuning, approximate randomization over
+    all tunings against the first tuner's, the tunings' verdicts (tuning_health) and minutes per tuning
+    (times.tsv: tune-SYSTEM for mert with 20 restarts, tune-SYSTEM.TUNING otherwise); with --plot, every
+    tuning's dev BLEU per iteration, a panel per system and a colour per tuner."""
+    from significance import approximate_randomization
+
+    work = Path(args.work)
+    systems = args.systems.replace(",", " ").split()
+    names = [tuning_name(t, args.restarts) for t in args.tuners.replace(",", " ").split()]
+    reference = _lines(Path(args.test_ref)) if args.test_ref else None
+    dev_ref = Path(args.dev_ref) if args.dev_ref else None
+    minutes = step_minutes(work / "times.tsv")
+    rows, curves = [], {}
+    for system in systems:
+        first_out = None
+        for k, name in enumerate(names):
+            runs = _runs(work, system, name)
+            if not runs:
+                continue
+            test = [b["score"] for b in (_bleu(d / "test.bleu.json") for d in runs.values()) if b]
+            dev = [b["score"] for b in (_bleu(d / "dev.bleu.json") for d in runs.values()) if b]
+            outs = [_lines(d / "test.detok") for d in runs.values() if (d / "test.detok").exists()]
+            p = "–"
+            if k == 0:
+                first_out = outs
+            elif reference is not None and outs and first_out:
+                p = f"{approximate_randomization(reference, first_out, outs, samples=args.ar_samples).p_value:.4f}"
+            health = []
+            if dev_ref is not None:
+                c = mert_curves(work, [system], dev_ref, name).get(system, {})
+                curves.setdefault(system, {}).update({f"{n}": v for n, v in c.items()})
+                health = [tuning_health(v) for v in c.values()]
+            counts: dict[str, int] = {}
+            for h in health:
+                counts[h["verdict"]] = counts.get(h["verdict"], 0) + 1
+            verdicts = ", ".join(f"{v} ×{n}" if n > 1 else v for v, n in sorted(counts.items()))
+            iters = " / ".join(str(h["iterations"]) for h in health) or "–"
+            gain = " / ".join(f"{h['best'] - h['first']:+.2f}" for h in health) or "–"
+            step = f"tune-{system}" + (f".{name}" if name != "mert" else "")
+            mins = minutes.get(step, [])
+            time_cell = f"{statistics.median(mins):.1f} ({len(mins)})" if mins else "–"
+            rows.append(f"| {label(system)} | {name} | {len(runs)} | {_mean_sd(dev) if dev else '–'} | "
+                        f"{_mean_sd(test) if test else '–'} | {' / '.join(f'{t:.2f}' for t in test) or '–'} | {p} | "
+                        f"{iters} | {gain} | {verdicts or '–'} | {time_cell} |")
+    if not rows:
+        raise UserError(f"{work}: no tunings of {', '.join(systems)} by {', '.join(names)}")
+    lines = [f"Tuners compared: {', '.join(names)} (mert-moses.pl; systems/SYSTEM/TUNER-K).", "",
+             "| Models | tuner | tunings | BLEU dev | BLEU test | test per tuning | p against "
+             f"{names[0]} (AR) | iterations | best − first dev | verdicts | min per tuning (runs) |",
+             "|---|---|---:|---:|---:|---|---:|---|---|---|---:|", *rows, "",
+             f"BLEU: mean ± sd over the tunings (seeds 1, 2, ...). p: approximate randomization over all tunings of "
+             f"both tuners ({args.ar_samples:,} samples), against {names[0]}'s tunings of the same system. Dev per "
+             f"iteration: the tuner's decoded 1-best, tokenized and lowercased; 'best − first' is each tuning's best "
+             f"iteration above its first (tuning_health's verdicts, as the report's). Minutes: the median of "
+             f"times.tsv's runs of the step (a resumed tuning adds a run for its rest)."]
+    with atomic_output(args.output, compress=False) as out:
+        out.write(("\n".join(lines) + "\n").encode("utf-8"))
+    if args.plot and curves:
+        plot_tuners(curves, names, args.plot, args.label)
+
+
+def plot_tuners(curves: dict[str, dict[str, list[float]]], tuners: list[str], output: str, title: str = "") -> None:
+    """Dev BLEU per iteration of every tuning: a panel per system, a colour per tuner, a line style per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.2 * len(curves), 4.4), dpi=120, squeeze=False, sharey=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (system, runs) in zip(axes[0], curves.items()):
+        for run, scores in runs.items():
+            tuner, _, seed = run.rpartition("-")
+            ax.plot(range(1, len(scores) + 1), scores, marker="o", markersize=3,
+                    color=colours[tuners.index(tuner) % len(colours)] if tuner in tuners else "grey",
+                    linestyle=["-", "--", ":", "-."][(int(seed) - 1) % 4 if seed.isdigit() else 0],
+                    label=f"{tuner}, seed {seed}")
+        ax.set_title(label(system), fontsize=9)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel("tuning iteration (1: the starting weights)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=len(tuners), loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    axes[0][0].set_ylabel("dev BLEU (tokenized, lowercased)")
+    fig.suptitle(textwrap.fill(title or "dev BLEU of each tuning iteration's 1-best output, by tuner", 120), fontsize=9)
+    fig.tight_layout()
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp, bbox_inches="tight")
     plt.close(fig)
     Path(tmp).replace(output)
 
@@ -958,6 +1058,19 @@ def main(argv=None) -> None:
     a.add_argument("--length-plot", help="PNG of test BLEU by source length of every system and network")
     a.add_argument("--label", default="", help="a line above the table (what kind of run this is)")
     a.set_defaults(fn=report)
+    a = sub.add_parser("tuners", help="the tuners side by side on the same systems")
+    a.add_argument("work")
+    a.add_argument("output")
+    a.add_argument("--systems", required=True, help="the systems, by spaces or commas")
+    a.add_argument("--tuners", default="mert kbmira pro", help="the tuners, the first the one the others are tested "
+                                                              "against (by spaces or commas)")
+    a.add_argument("--restarts", type=int, default=MERT_RESTARTS, help="mert's random restarts (its tunings' folders)")
+    a.add_argument("--test-ref", help="the test references: with them, approximate randomization against the first tuner")
+    a.add_argument("--dev-ref", help="the tokenized dev references: iterations, verdicts and --plot")
+    a.add_argument("--ar-samples", type=int, default=10000)
+    a.add_argument("--plot", help="PNG of every tuning's dev BLEU per iteration")
+    a.add_argument("--label", default="", help="the picture's title")
+    a.set_defaults(fn=tuners)
     a = sub.add_parser("reweight")
     a.add_argument("filtered", help="moses.ini of the filtered model")
     a.add_argument("tuned", help="moses.ini with the tuned [weight] section")

@@ -853,6 +853,49 @@ def test_report_says_which_tunings_failed(tmp_path):
     assert "2 of 3 tunings failed or collapsed, 0 dipped" in report
 
 
+def test_tuners_side_by_side(tmp_path):
+    """mt.py tuners: per system and tuner, BLEU over the tunings, AR against the first tuner's, each
+    tuning's iterations and verdict, minutes per tuning from times.tsv (mert's step bare, another
+    tuner's with its name), and a picture; a tuner without tunings is left out, none at all refused."""
+    ref = [f"w{i} w{i + 1} w{i + 2} w{i + 3}" for i in range(40)]
+    (tmp_path / "dev.fr").write_text("\n".join(ref) + "\n")
+    (tmp_path / "test.ref").write_text("\n".join(ref) + "\n")
+    half = [r if i % 2 else "x x x x" for i, r in enumerate(ref)]
+    bad = ["x x x x"] * 40
+    for tuner, its, test in (("mert", [half, ref], ref), ("pro", [half, ref], ref), ("kbmira", [half, bad], bad)):
+        for k in (1, 2):
+            d = tmp_path / "systems" / "baseline" / f"{tuner}-{k}"
+            (d / "mert").mkdir(parents=True)
+            for n, out in enumerate(its, 1):
+                (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
+            (d / "test.detok").write_text("\n".join(test) + "\n")
+            for part, score in (("dev", 10.0 + k), ("test", 17.0 + k)):
+                (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score}))
+    (tmp_path / "times.tsv").write_text("tune-baseline\t600\ntune-baseline\t1200\ntune-baseline.pro\t300\n"
+                                        "tune-baseline.pro\t420\ntune-baseline.mert-r0\t60\n")
+    mt.main(["tuners", str(tmp_path), str(tmp_path / "tuners.md"), "--systems", "baseline,rnn", "--tuners", "mert,pro,kbmira",
+             "--test-ref", str(tmp_path / "test.ref"), "--dev-ref", str(tmp_path / "dev.fr"), "--ar-samples", "200",
+             "--plot", str(tmp_path / "tuners.png")])
+    rows = {cells[1]: cells for cells in (line.strip("| ").split(" | ") for line in
+                                          (tmp_path / "tuners.md").read_text().splitlines() if line.startswith("| Baseline |"))}
+    assert set(rows) == {"mert", "pro", "kbmira"}
+    assert rows["mert"][2:6] == ["2", "11.50 ± 0.71", "18.50 ± 0.71", "18.00 / 19.00"] and rows["mert"][6] == "–"
+    assert rows["pro"][6] == "1.0000" and float(rows["kbmira"][6]) < 0.05  # the same outputs; all wrong
+    assert rows["pro"][9:11] == ["ok ×2", "6.0 (2)"] and rows["mert"][10] == "15.0 (2)"  # medians of 5, 7 / 10, 20 min
+    assert rows["kbmira"][9] == "failed ×2" and rows["kbmira"][10] == "–"
+    assert (tmp_path / "tuners.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = subprocess.run([sys.executable, str(PIPE / "mt.py"), "tuners", str(tmp_path), str(tmp_path / "x.md"),
+                        "--systems", "rnn"], capture_output=True, text=True)
+    assert r.returncode == 1 and "no tunings of rnn" in r.stderr and not (tmp_path / "x.md").exists()
+    # `make tuners`: the same over the work folder's data, without Moses
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dev.fr").write_text("\n".join(ref) + "\n")
+    (tmp_path / "data" / "test.ref.fr").write_text("\n".join(ref) + "\n")
+    r = _make("tuners", WORK=str(tmp_path), SYSTEMS="baseline", TUNERS="pro kbmira")
+    assert r.returncode == 0, r.stderr
+    assert "| Baseline | kbmira | 2 |" in (tmp_path / "report.tuners.md").read_text() and (tmp_path / "report.tuners.png").exists()
+
+
 def _fake_moses(root: Path, tuner: str = "mert") -> Path:
     """A Moses folder with (empty) every program and script a run calls, as preflight checks them."""
     for rel in ["bin/moses"] + mt.MOSES_NEEDS + mt.TUNER_NEEDS[tuner]:
