@@ -706,7 +706,7 @@ def report(args) -> None:
     (significance.py); with --pairs, the same against the system each one extends;
     the health of every tuning; the networks, perplexities and step times."""
     work = Path(args.work)
-    tuning = tuning_name(args.tuner, args.restarts)
+    tuning = args.tuning or tuning_name(args.tuner, args.restarts)
     systems = args.systems.replace(",", " ").split()
     reference = _lines(Path(args.test_ref)) if args.test_ref else None
     rows, signature, test_signature, all_descriptions = [], None, None, []
@@ -1044,6 +1044,8 @@ def main(argv=None) -> None:
     a.add_argument("--restarts", type=int, default=MERT_RESTARTS,
                    help="mert's random restarts (pipelines/Makefile's RESTARTS): other than 20, the tunings are "
                         "systems/S/mert-rN-K")
+    a.add_argument("--tuning", help="the tunings' folder name (pipelines/Makefile's TUNING): systems/S/TUNING-K; "
+                                    "default: the tuner's, as --restarts makes it")
     a.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
     a.add_argument("--ar-samples", type=int, default=10000, help="samples of the two tests over all tunings")
     a.add_argument("--dev-ref", help="the tokenized dev references (dev.TRG): with --plot, dev BLEU per MERT iteration")
@@ -1062,7 +1064,7 @@ def main(argv=None) -> None:
     a.add_argument("work")
     a.add_argument("output")
     a.add_argument("--systems", required=True, help="the systems, by spaces or commas")
-    a.add_argument("--tuners", default="mert kbmira pro", help="the tuners, the first the one the others are tested "
+    a.add_argument("--tuners", default="mert kbmira pro", help="the tuners (or the names of their tunings, TUNING), the first the one the others are tested "
                                                               "against (by spaces or commas)")
     a.add_argument("--restarts", type=int, default=MERT_RESTARTS, help="mert's random restarts (its tunings' folders)")
     a.add_argument("--test-ref", help="the test references: with them, approximate randomization against the first tuner")

@@ -813,6 +813,8 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     report = (tmp_path / "r0.md").read_text()
     assert report.startswith("Tuner: mert (mert-moses.pl, --random-restarts 0); tunings systems/SYSTEM/mert-r0-K.")
     assert "| Baseline | 1 | 11.00 | 17.50 |" in report and "| RNN |" not in report
+    mt.main(["report", str(tmp_path), str(tmp_path / "named.md"), "--systems", "baseline rnn", "--tuning", "mert-r0"])
+    assert "| Baseline | 1 | 11.00 | 17.50 |" in (tmp_path / "named.md").read_text()  # TUNING: the folders by name
     mt.main(["report", str(tmp_path), str(tmp_path / "r20.md"), "--systems", "baseline rnn"])  # mert-K alone
     assert "| Baseline | 2 | 20.00 ± 0.00 | 20.00 ± 0.00 |" in (tmp_path / "r20.md").read_text()
 
@@ -1076,6 +1078,13 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert f"{w}/systems/baseline/{tuning}-{1 if tuner == 'mert' else 3}/tuned.ini" in r.stdout and f"{w}/report.{tuning}.png" in r.stdout
     assert (f"{w}/systems/baseline/{tuner}-1/" in r.stdout) == (tuner != "mert")
     assert "--restarts 0 " in r.stdout and f"tune-baseline.{tuning} " in r.stdout  # times.tsv tells tunings apart
+    # TUNING names the tunings: those made with other TUNER_ARGS sit beside the tuner's own
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-x", TUNING=f"{tuner}-x")
+    assert r.returncode == 0, r.stderr
+    assert f"{w}/systems/rnn/{tuner}-x-3/tuned.ini" in r.stdout and f"{w}/systems/rnn/{tuner}-3/" not in r.stdout
+    assert f"tune-baseline.{tuner}-x " in r.stdout and f"--tuning {tuner}-x " in r.stdout and "-r 3 -x " in r.stdout
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
+    assert r.returncode != 0 and "TUNING must be a name of letters, digits, dots and single hyphens, not 'pro_b'" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
