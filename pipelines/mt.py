@@ -368,7 +368,7 @@ def step_minutes(times: Path) -> dict[str, list[float]]:
 
 def tuners(args) -> None:
     """The tuners side by side on the same systems (docs/pipeline.md, "Tuners compared"): per system and
-    tuner, its tunings' test and dev BLEU (mean ± sd), test BLEU per tuning, approximate randomization over
+    tuner, its finished tunings' (tuned.ini) test and dev BLEU (mean ± sd), test BLEU per tuning, approximate randomization over
     all tunings against the first tuner's, the tunings' verdicts (tuning_health) and minutes per tuning
     (times.tsv: tune-SYSTEM for mert with 20 restarts, tune-SYSTEM.TUNING otherwise); with --plot, every
     tuning's dev BLEU per iteration, a panel per system and a colour per tuner."""
@@ -384,7 +384,7 @@ def tuners(args) -> None:
     for system in systems:
         first_out = None
         for k, name in enumerate(names):
-            runs = _runs(work, system, name)
+            runs = {n: d for n, d in _runs(work, system, name).items() if (d / "tuned.ini").exists()}  # finished
             if not runs:
                 continue
             test = [b["score"] for b in (_bleu(d / "test.bleu.json") for d in runs.values()) if b]
@@ -397,7 +397,7 @@ def tuners(args) -> None:
                 p = f"{approximate_randomization(reference, first_out, outs, samples=args.ar_samples).p_value:.4f}"
             health = []
             if dev_ref is not None:
-                c = mert_curves(work, [system], dev_ref, name).get(system, {})
+                c = {n: v for n, v in mert_curves(work, [system], dev_ref, name).get(system, {}).items() if n in runs}
                 curves.setdefault(system, {}).update({f"{n}": v for n, v in c.items()})
                 health = [tuning_health(v) for v in c.values()]
             counts: dict[str, int] = {}

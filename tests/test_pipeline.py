@@ -871,8 +871,10 @@ def test_tuners_side_by_side(tmp_path):
             for n, out in enumerate(its, 1):
                 (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
             (d / "test.detok").write_text("\n".join(test) + "\n")
+            (d / "tuned.ini").write_text("[weight]\n")
             for part, score in (("dev", 10.0 + k), ("test", 17.0 + k)):
                 (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score}))
+    (tmp_path / "systems" / "baseline" / "mert-3" / "mert").mkdir(parents=True)  # still tuning: left out
     (tmp_path / "times.tsv").write_text("tune-baseline\t600\ntune-baseline\t1200\ntune-baseline.pro\t300\n"
                                         "tune-baseline.pro\t420\ntune-baseline.mert-r0\t60\n")
     mt.main(["tuners", str(tmp_path), str(tmp_path / "tuners.md"), "--systems", "baseline,rnn", "--tuners", "mert,pro,kbmira",
