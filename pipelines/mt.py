@@ -328,6 +328,17 @@ def _health_rows(curves: dict[str, dict[str, list[float]]]) -> list[str]:
     return rows
 
 
+def _save_png(fig, output: str) -> None:
+    """Write a matplotlib figure to `output` atomically, cropped to what it draws (a legend below the
+    axes included), and close it."""
+    import matplotlib.pyplot as plt
+
+    tmp = output + ".tmp.png"
+    fig.savefig(tmp, bbox_inches="tight")
+    plt.close(fig)
+    Path(tmp).replace(output)
+
+
 def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str, tuner: str = "mert") -> None:
     import matplotlib
 
@@ -347,10 +358,7 @@ def plot_mert(curves: dict[str, dict[str, list[float]]], output: str, title: str
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: no curve hidden
     fig.tight_layout()
-    tmp = output + ".tmp.png"
-    fig.savefig(tmp, bbox_inches="tight")  # cropped to the axes and the legend below them
-    plt.close(fig)
-    Path(tmp).replace(output)
+    _save_png(fig, output)
 
 
 def step_minutes(times: Path) -> dict[str, list[float]]:
@@ -398,7 +406,7 @@ def tuners(args) -> None:
             health = []
             if dev_ref is not None:
                 c = {n: v for n, v in mert_curves(work, [system], dev_ref, name).get(system, {}).items() if n in runs}
-                curves.setdefault(system, {}).update({f"{n}": v for n, v in c.items()})
+                curves.setdefault(system, {}).update(c)
                 health = [tuning_health(v) for v in c.values()]
             counts: dict[str, int] = {}
             for h in health:
@@ -454,10 +462,7 @@ def plot_tuners(curves: dict[str, dict[str, list[float]]], tuners: list[str], ou
     axes[0][0].set_ylabel("dev BLEU (tokenized, lowercased)")
     fig.suptitle(textwrap.fill(title or "dev BLEU of each tuning iteration's 1-best output, by tuner", 120), fontsize=9)
     fig.tight_layout()
-    tmp = output + ".tmp.png"
-    fig.savefig(tmp, bbox_inches="tight")
-    plt.close(fig)
-    Path(tmp).replace(output)
+    _save_png(fig, output)
 
 
 # the phrase networks the pipeline trains: model folder under WORK -> name in the report
