@@ -711,7 +711,7 @@ def report(args) -> None:
     (significance.py); with --pairs, the same against the system each one extends;
     the health of every tuning; the networks, perplexities and step times."""
     work = Path(args.work)
-    tuning = args.tuning or tuning_name(args.tuner, args.restarts)
+    tuning = args.tuning or tuning_name(args.tuner, args.restarts, args.tuner_args)
     systems = args.systems.replace(",", " ").split()
     reference = _lines(Path(args.test_ref)) if args.test_ref else None
     rows, signature, test_signature, all_descriptions = [], None, None, []
@@ -739,6 +739,7 @@ def report(args) -> None:
                             f"{c['p_all'][1]} |")
     lines = [f"**{args.label}**", ""] if args.label else []
     restarts = f", --random-restarts {args.restarts}" if args.tuner == "mert" else ""
+    restarts += f"; {args.tuner} {args.tuner_args.strip()}" if args.tuner_args.strip() else ""
     lines += [f"Tuner: {args.tuner} (mert-moses.pl{TUNER_FLAGS.get(args.tuner, '')}{restarts}); tunings "
               f"systems/SYSTEM/{tuning}-K.", "",
               "| Models | tunings | BLEU dev | BLEU test | test gain per tuning | p per tuning | p all tunings (AR) "
@@ -845,10 +846,15 @@ TUNER_FLAGS = {"mert": "", "kbmira": " --batch-mira", "pro": " --pairwise-ranked
 MERT_RESTARTS = 20  # mert-moses.pl's default --random-restarts
 
 
-def tuning_name(tuner: str, restarts: int = MERT_RESTARTS) -> str:
+def tuning_name(tuner: str, restarts: int = MERT_RESTARTS, tuner_args: str = "") -> str:
     """The prefix of a system's tuning folders, systems/SYSTEM/NAME-K: the tuner, with -rN for mert
-    run with N random restarts other than mert-moses.pl's 20 (pipelines/Makefile's TUNING)."""
-    return f"{tuner}-r{restarts}" if tuner == "mert" and restarts != MERT_RESTARTS else tuner
+    run with N random restarts other than mert-moses.pl's 20, and -bp for pro with its -b (the
+    smoothed brevity penalty) among the tuner's arguments (pipelines/Makefile's TUNING)."""
+    if tuner == "mert" and restarts != MERT_RESTARTS:
+        return f"{tuner}-r{restarts}"
+    if tuner == "pro" and "-b" in tuner_args.split():
+        return "pro-bp"
+    return tuner
 
 
 def table_path(args) -> None:
@@ -1046,6 +1052,8 @@ def main(argv=None) -> None:
                         "of the paired tests")
     a.add_argument("--test-ref", help="the test references: with them, paired bootstrap tests against the baseline")
     a.add_argument("--tuner", default="mert", choices=sorted(TUNER_FLAGS), help="whose tunings: systems/S/TUNER-K")
+    a.add_argument("--tuner-args", default="", help="the options the tuner's optimiser was given (pipelines/Makefile's "
+                                                    "TUNER_ARGS), named in the report; pro's -b makes the tunings pro-bp-K")
     a.add_argument("--restarts", type=int, default=MERT_RESTARTS,
                    help="mert's random restarts (pipelines/Makefile's RESTARTS): other than 20, the tunings are "
                         "systems/S/mert-rN-K")

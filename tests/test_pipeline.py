@@ -809,12 +809,21 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
         (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
     assert mt.tuning_name("mert", 0) == "mert-r0" and mt.tuning_name("mert") == "mert" == mt.tuning_name("mert", 20)
     assert mt.tuning_name("kbmira", 0) == "kbmira"
+    assert mt.tuning_name("pro", 20, "-b") == "pro-bp" and mt.tuning_name("pro", 20, "-bx") == "pro"
+    assert mt.tuning_name("kbmira", 20, "-b") == "kbmira"
     mt.main(["report", str(tmp_path), str(tmp_path / "r0.md"), "--systems", "baseline rnn", "--restarts", "0"])
     report = (tmp_path / "r0.md").read_text()
     assert report.startswith("Tuner: mert (mert-moses.pl, --random-restarts 0); tunings systems/SYSTEM/mert-r0-K.")
     assert "| Baseline | 1 | 11.00 | 17.50 |" in report and "| RNN |" not in report
     mt.main(["report", str(tmp_path), str(tmp_path / "named.md"), "--systems", "baseline rnn", "--tuning", "mert-r0"])
     assert "| Baseline | 1 | 11.00 | 17.50 |" in (tmp_path / "named.md").read_text()  # TUNING: the folders by name
+    # pro with -b: its own folders (pro-bp-K), the option named on the report's first line
+    d.rename(d.with_name("pro-bp-1"))
+    mt.main(["report", str(tmp_path), str(tmp_path / "bp.md"), "--systems", "baseline rnn", "--tuner", "pro",
+             "--tuner-args", " -b "])
+    report = (tmp_path / "bp.md").read_text()
+    assert report.startswith("Tuner: pro (mert-moses.pl --pairwise-ranked, megam by pipelines/megam.py; pro -b); "
+                             "tunings systems/SYSTEM/pro-bp-K.") and "| Baseline | 1 | 11.00 | 17.50 |" in report
     mt.main(["report", str(tmp_path), str(tmp_path / "r20.md"), "--systems", "baseline rnn"])  # mert-K alone
     assert "| Baseline | 2 | 20.00 ± 0.00 | 20.00 ± 0.00 |" in (tmp_path / "r20.md").read_text()
 
@@ -1085,6 +1094,12 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert r.returncode == 0, r.stderr
     assert f"{w}/systems/rnn/{tuner}-x-3/tuned.ini" in r.stdout and f"{w}/systems/rnn/{tuner}-3/" not in r.stdout
     assert f"tune-baseline.{tuner}-x " in r.stdout and f"--tuning {tuner}-x " in r.stdout and "-r 3 -x " in r.stdout
+    # pro's -b (the smoothed brevity penalty) names its tunings pro-bp without TUNING; the report says -b
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-b")
+    assert r.returncode == 0, r.stderr
+    bp = f"{tuner}-bp" if tuner == "pro" else tuner
+    assert f"{w}/systems/rnn/{bp}-3/tuned.ini" in r.stdout and f"{w}/report.{bp}.png" in r.stdout
+    assert '--tuner-args "-b" ' in r.stdout and f"--tuning {bp} " in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
     assert r.returncode != 0 and "TUNING must be a name of letters, digits, dots and single hyphens, not 'pro_b'" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
