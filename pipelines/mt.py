@@ -34,7 +34,8 @@ from mtcommon.textio import atomic_output, iter_lines
 LABELS = {"baseline": "Baseline", "rnn": "RNN", "cslm-rnn": "CSLM + RNN", "cslm-rnn-wp": "CSLM + RNN + WP",
           "rnn-subword": "RNN, subword units", "rnnsearch": "RNNsearch", "cslm-rnnsearch": "CSLM + RNNsearch",
           "cslm-rnn-subword": "CSLM + RNN, subword units", "cslm-rnn-aug": "CSLM + RNN, augmented table",
-          "cslm-rnn-aug-input": "CSLM + RNN, augmented with input n-grams"}
+          "cslm-rnn-aug-input": "CSLM + RNN, augmented with input n-grams",
+          "cslm-rnn-nofc": "CSLM + RNN, CSLM not in the future cost"}
 
 
 def label(system: str) -> str:

@@ -1166,6 +1166,17 @@ def test_systems_start_from_the_documented_weights(tmp_path):
     assert ini["cslm-rnn-wp"].weights("CSLM0") == [0.1, -0.1] and ini["cslm-rnn-wp"].weights("LM0") == [0.4]
     for s in PAPER_SYSTEMS:
         assert ini[s].weights("WordPenalty0") == [-1.0] and not list((w / "systems" / s).glob("*.tmp"))
+    # cslm-rnn-nofc: cslm-rnn, its CSLM line saying future-cost=false; nothing else changed
+    nofc = w / "systems" / "cslm-rnn-nofc" / "moses.ini"
+    r = _make(*old, str(nofc), MOSES=str(moses), WORK=str(w))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = nofc.read_text().splitlines()
+    cslm_line = [line for line in lines if line.startswith("CSLM ")]
+    assert len(cslm_line) == 1 and cslm_line[0].endswith(" future-cost=false") and "name=CSLM0" in cslm_line[0]
+    assert [line for line in lines if not line.startswith("CSLM ")] == \
+        [line for line in (w / "systems" / "cslm-rnn" / "moses.ini").read_text().splitlines() if not line.startswith("CSLM ")]
+    r = _make("-n", str(nofc), MOSES=str(moses), WORK=str(w), SYSTEMS="cslm-rnn-nofc", CSLM_MODE="server")
+    assert r.returncode != 0 and "cslm-rnn-nofc needs CSLM_MODE=local" in r.stderr
     # the variables move them
     for s in PAPER_SYSTEMS:
         (w / "systems" / s / "moses.ini").unlink()
