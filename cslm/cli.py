@@ -88,6 +88,11 @@ def main():
 @click.option("--lr", type=Number(min=0), help="Learning rate [adam 1e-3, sgd 0.05].")
 @click.option("--self-norm", type=Number(min=0), default=0.0, show_default=True,
               help="Weight alpha of the alpha*(log Z)^2 self-normalisation penalty (Devlin et al., 2014).")
+@click.option("--objective", default="softmax", show_default=True, type=click.Choice(["softmax", "nce"]),
+              help="softmax: the paper's cross-entropy over the shortlist. nce: noise-contrastive estimation "
+                   "(Mnih & Teh 2012, as NPLM trains): k+1 output rows an n-gram, self-normalised by construction.")
+@click.option("--noise-samples", type=click.IntRange(min=1), default=100, show_default=True,
+              help="k: noise words per update with --objective nce.")
 @click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--device", default="auto", show_default=True, callback=check_device,
               help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
@@ -96,7 +101,8 @@ def main():
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, epoch_ngrams,
-          recipe, batch_size, dtype, optimizer, lr, self_norm, seed, device, threads, resume, quiet):
+          recipe, batch_size, dtype, optimizer, lr, self_norm, objective, noise_samples, seed, device, threads, resume,
+          quiet):
     """Train on CORPUS: tokenized text, one sentence per line, plain or gzip.
 
     Data-parallel with torchrun: `torchrun --nproc-per-node 2 $(which cslm) train CORPUS -o MODEL`.
@@ -104,7 +110,8 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
     from .train import TrainConfig, train as run_train
 
     cfg = TrainConfig(preset=preset, recipe=recipe, vocab_size=vocab_size, batch_size=batch_size, dtype=dtype,
-                      optimizer=optimizer, lr=lr, self_norm=self_norm, valid_fraction=valid_fraction,
+                      optimizer=optimizer, lr=lr, self_norm=self_norm, objective=objective,
+                      noise_samples=noise_samples, valid_fraction=valid_fraction,
                       patience=patience, max_epochs=max_epochs, max_minutes=max_minutes, epoch_ngrams=epoch_ngrams,
                       seed=seed, device=device, threads=threads)
     summary = run_train(corpus, model_dir, cfg, resume=resume, progress=not quiet)
@@ -144,6 +151,7 @@ def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
     res["mode"] = engine.mode
     if log_z:
         res["train_self_norm"] = engine.train_self_norm
+        res["train_self_normalized"] = engine.trained_self_normalized
     click.echo(json.dumps(res, indent=2))
 
 

@@ -72,6 +72,14 @@ def train_self_norm(meta: dict) -> float | None:
     return float(alpha) if alpha is not None else None
 
 
+def trained_self_normalized(meta: dict) -> bool:
+    """Whether a model's training made its unnormalised scores o_w log-probabilities, nearly: the (ln Z)^2
+    penalty (train_config.self_norm > 0) or noise-contrastive estimation (train_config.objective "nce").
+    cslm/cpp/cslm_local.cc's LocalModel::self_normalized reads the same two."""
+    config = (meta or {}).get("train_config", {})
+    return (train_self_norm(meta) or 0.0) > 0 or config.get("objective") == "nce"
+
+
 class Engine:
     def __init__(self, model: CSLM, vocab: Vocabulary, device: str | torch.device = "cpu",
                  backoff: KenLMBackoff | None = None, chunk: int = 2048, normalized: bool = True):
@@ -86,6 +94,7 @@ class Engine:
         self.mode = "backoff" if backoff is not None else "unk"
         self.min_rows = max(32, 4 * torch.get_num_threads())
         self.train_self_norm: float | None = None  # alpha of the training's (ln Z)^2 penalty, if known (load())
+        self.trained_self_normalized = False  # the (ln Z)^2 penalty or NCE in training (load())
         self._tables: torch.Tensor | None = None
 
     @classmethod
@@ -95,6 +104,7 @@ class Engine:
         m = modeldir.load(model_dir, dev)
         eng = cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk, normalized)
         eng.train_self_norm = train_self_norm(m.meta)
+        eng.trained_self_normalized = trained_self_normalized(m.meta)
         return eng
 
     @property
@@ -104,12 +114,12 @@ class Engine:
 
     def self_norm_warning(self, name: str = "the model") -> str | None:
         """A one-line warning when unnormalised scores are asked of a model not trained to be self-normalised."""
-        if self.normalized or (self.train_self_norm or 0.0) > 0:
+        if self.normalized or self.trained_self_normalized:
             return None
         how = "without self-normalisation (self_norm = 0)" if self.train_self_norm is not None else \
             "with no recorded self_norm"
         return (f"cslm: warning: {name} was trained {how}: its unnormalised scores o_w are not log-probabilities "
-                f"(ln Z is not ~0); train with --self-norm ALPHA > 0 for that")
+                f"(ln Z is not ~0); train with --self-norm ALPHA > 0 or --objective nce for that")
 
     @property
     def tables(self) -> torch.Tensor:

@@ -13,6 +13,14 @@ where the hardware computes in bfloat16 natively and, on a CPU, that is the
 faster on the run's first batch): larger matrix products run nearer the
 machine's arithmetic rate, at the same objective.
 
+Noise-contrastive estimation (`objective="nce"`, beside the paper's softmax; Mnih & Teh 2012,
+Vaswani et al. 2013, as NPLM trains the LMs Moses loads): instead of normalising over the
+shortlist, each update tells the observed word from `noise_samples` words drawn from the
+training unigram distribution q, the model's unnormalised score o_w standing for ln P(w | h)
+(Z fixed at 1). The output layer costs k+1 rows an n-gram instead of V, so an update of the
+`small` preset costs about a fifth; the model is self-normalised by construction, and decoders
+use o_w as they do after `self_norm` training. Held-out perplexity stays exact.
+
 Self-normalisation (Devlin et al., 2014, Sec. 2.1): `self_norm` = alpha adds
 alpha * (log Z(h))^2 to each n-gram's loss, Z(h) the softmax normaliser of its
 history, so that a decoder may use the unnormalised score (log Z ~ 0) and
@@ -36,6 +44,8 @@ from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
 from mtcommon.trainer import Schedule, Trainer, apply_recipe
 
+from mtcommon.vocab import BOS, EOS
+
 from . import modeldir
 from .data import build_vocab, heldout_ngrams, scan_corpus, stream_batches
 from .model import CSLM, preset_config
@@ -56,6 +66,8 @@ class TrainConfig:
     optimizer: str = "adam"
     lr: float | None = None  # default: 1e-3 (adam), 0.05 (sgd)
     self_norm: float = 0.0  # alpha of the (log Z)^2 penalty (Devlin et al. 2014); 0: none
+    objective: str = "softmax"  # "softmax" (the paper's cross-entropy) or "nce" (noise-contrastive estimation)
+    noise_samples: int = 100  # k: noise words per update under "nce", shared by the batch's n-grams
     valid_fraction: float = 0.001
     patience: int = 10  # epochs without held-out improvement before stopping
     max_epochs: int = 100
@@ -67,6 +79,16 @@ class TrainConfig:
 
     def __post_init__(self):
         apply_recipe(self, RECIPES)
+        if self.objective not in OBJECTIVES:
+            raise UserError(f"objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}")
+        if self.objective == "nce" and self.self_norm:
+            raise UserError("--self-norm is a penalty on the softmax's ln Z; NCE self-normalises by itself: "
+                            "give one of --objective nce and --self-norm")
+        if self.noise_samples < 1:
+            raise UserError(f"noise_samples must be at least 1, not {self.noise_samples}")
+
+
+OBJECTIVES = ("softmax", "nce")
 
 
 @torch.no_grad()
@@ -95,6 +117,41 @@ class NgramObjective(torch.nn.Module):
         return (log_z - picked).sum() + self.self_norm * (log_z * log_z).sum()
 
 
+class NceObjective(torch.nn.Module):
+    """Noise-contrastive estimation (Mnih & Teh 2012, Eq. 5; Vaswani et al. 2013, Eq. 5-6), summed over the batch.
+
+    With the model's unnormalised score s(w, h) = o_w as ln P(w | h) (Z = 1) and k noise words
+    from the unigram distribution q, D(w, h) = s(w, h) - ln(k q(w)) is the log-odds that w came
+    from the data rather than the noise; the loss of an n-gram with word w and noise words n_1..n_k is
+
+        -ln sigmoid(D(w, h)) - sum_j ln sigmoid(-D(n_j, h)).
+
+    Deviation: the k noise words are drawn once per update and shared by its n-grams (one (B, H) x
+    (H, k) product instead of B gathers of k rows), as sampled-softmax implementations do."""
+
+    def __init__(self, model: CSLM, log_kq: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("log_kq", log_kq, persistent=False)  # ln(k q(w)) of every shortlist word
+
+    def forward(self, context: torch.Tensor, target: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        h = self.model.features(context)
+        out = self.model.out
+        data = (h * out.weight[target]).sum(1).float() + out.bias[target].float() - self.log_kq[target]
+        noise_scores = (h @ out.weight[noise].T).float() + out.bias[noise].float() - self.log_kq[noise]
+        return -(F.logsigmoid(data).sum() + F.logsigmoid(-noise_scores).sum())
+
+
+def noise_distribution(vocab, counts, sentences: int) -> np.ndarray:
+    """q(w) over the shortlist: the training corpus's unigram frequencies of the words the model predicts,
+    [UNK] taking the words outside the shortlist, </s> one per sentence, <s> never predicted (0)."""
+    freq = np.array([counts.get(w, 0) for w in vocab.words], np.float64)
+    freq[vocab.index[BOS]] = 0.0
+    freq[vocab.index[EOS]] = sentences
+    freq[vocab.unk_id] = sum(counts.values()) - sum(counts.get(w, 0) for w in vocab.words if w != vocab.unk)
+    return freq / freq.sum()
+
+
 class NgramTrainer(Trainer):
     unit = "ngrams"
 
@@ -117,6 +174,9 @@ class NgramTrainer(Trainer):
                              f"{cfg.batch_size}")
         steps_per_epoch = max(1, min(per_pass, (cfg.epoch_ngrams or info.train_ngrams) // cfg.batch_size))
         self._stream = None
+        self.noise_q = None
+        if cfg.objective == "nce":
+            self.noise_q = noise_distribution(self.vocab, info.counts, info.lines - len(info.heldout_lines))
         return Schedule(cfg.max_epochs * steps_per_epoch, steps_per_epoch, cfg.patience)
 
     def big_model(self) -> bool:
@@ -136,6 +196,11 @@ class NgramTrainer(Trainer):
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose adam or sgd")
 
     def build_objective(self, model):
+        if self.noise_q is not None:
+            k = self.cfg.noise_samples
+            with np.errstate(divide="ignore"):  # q = 0 (<s>): never a target, never drawn
+                log_kq = torch.from_numpy(np.log(k * self.noise_q)).float().to(self.device)
+            return NceObjective(model, log_kq)
         return NgramObjective(model, self.cfg.self_norm)
 
     def batch(self, step: int):
@@ -145,7 +210,13 @@ class NgramTrainer(Trainer):
                                           cfg.batch_size, cfg.seed, step)
         b = next(self._stream)
         mine = torch.from_numpy(b[self.dist.rank :: self.dist.world].astype(np.int64)).to(self.device)
-        return (mine[:, :-1], mine[:, -1]), len(b)
+        if self.noise_q is None:
+            return (mine[:, :-1], mine[:, -1]), len(b)
+        # the update's noise words: a function of (seed, step), the same on every rank, so a resumed run
+        # draws what the interrupted one would have
+        rng = np.random.default_rng([self.cfg.seed, step, 0x4E4345])
+        noise = torch.from_numpy(rng.choice(len(self.noise_q), size=self.cfg.noise_samples, p=self.noise_q))
+        return (mine[:, :-1], mine[:, -1], noise.to(self.device)), len(b)
 
     def heldout(self, model) -> tuple[float, int]:
         return heldout_nll(model, self.valid[self.dist.rank :: self.dist.world], self.device)

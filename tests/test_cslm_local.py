@@ -105,6 +105,22 @@ def test_local_evaluator_deeper_network(local_exe, model_dir, tmp_path):
     assert np.max(np.abs(got[:, 0] - exact)) < 1e-4
 
 
+@pytest.mark.parametrize("train_config,self_normalized", [({"self_norm": 0.0}, 0), ({"self_norm": 0.1}, 1),
+                                                           ({"self_norm": 0.0, "objective": "nce"}, 1),
+                                                           ({"self_norm": 0.0, "objective": "softmax"}, 0)])
+def test_local_evaluator_knows_a_self_normalised_training(local_exe, model_dir, tmp_path, train_config, self_normalized):
+    """The (ln Z)^2 penalty or NCE: Moses's feature then uses o_w by default, as the Python engine decides."""
+    from cslm.engine import trained_self_normalized
+
+    out, loaded, corpus = model_dir
+    d = tmp_path / "m"
+    modeldir.save_vocab(str(d), loaded.vocab)
+    modeldir.save_weights(str(d), loaded.model, {"train_config": train_config})
+    r = subprocess.run([str(local_exe), str(d)], input="le chat\n", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"self-normalized {self_normalized}" in r.stderr, r.stderr
+    assert trained_self_normalized({"train_config": train_config}) == bool(self_normalized)
+
+
 @pytest.mark.parametrize("damage", ["no-weights", "truncated", "not-cslm", "vocab-size"])
 def test_local_evaluator_errors_name_the_file(local_exe, model_dir, tmp_path, damage):
     out, _, _ = model_dir

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cslm import modeldir
-from cslm.train import RECIPES, NgramObjective, TrainConfig, train
+from cslm.train import RECIPES, NceObjective, NgramObjective, TrainConfig, noise_distribution, train
 from cslm.data import heldout_ngrams, scan_corpus
 from tests.test_cslm import synthetic_corpus
 
@@ -68,6 +68,83 @@ def test_objective_penalty_is_alpha_times_log_z_squared():
     assert NgramObjective(model, 0.5)(ctx, y).item() == pytest.approx(want.item(), rel=1e-6)
     assert NgramObjective(model, 0.0)(ctx, y).item() == pytest.approx((lz - logits[torch.arange(5), y]).sum().item(),
                                                                         rel=1e-6)
+
+
+def test_nce_loss_follows_its_formula():
+    """Mnih & Teh (2012): -ln sigmoid(D(w)) - sum_j ln sigmoid(-D(n_j)), D(w) = o_w - ln(k q(w)); the k noise
+    words shared by the batch."""
+    from cslm.model import CSLM, preset_config
+
+    torch.manual_seed(0)
+    model = CSLM(preset_config("tiny", 30))
+    model.init_weights()
+    ctx, y, noise = torch.randint(0, 30, (5, 6)), torch.randint(0, 30, (5,)), torch.randint(0, 30, (4,))
+    log_kq = torch.log(4 * torch.softmax(torch.randn(30), 0))
+    logits = model(ctx)
+    d_data = logits[torch.arange(5), y] - log_kq[y]
+    d_noise = logits[:, noise] - log_kq[noise]
+    want = -(torch.log(torch.sigmoid(d_data)).sum() + torch.log(1 - torch.sigmoid(d_noise)).sum())
+    assert NceObjective(model, log_kq)(ctx, y, noise).item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_noise_distribution_is_the_training_unigram_distribution():
+    from collections import Counter
+
+    from cslm.data import build_vocab
+
+    counts = Counter({"a": 6, "b": 3, "c": 1})  # 10 words in 4 sentences; c falls outside a shortlist of 5
+    vocab = build_vocab(counts, 5)
+    q = noise_distribution(vocab, counts, 4)
+    assert q.sum() == pytest.approx(1.0) and q[vocab.index["<s>"]] == 0
+    assert q[vocab.index["a"]] == pytest.approx(6 / 14) and q[vocab.index["</s>"]] == pytest.approx(4 / 14)
+    assert q[vocab.unk_id] == pytest.approx(1 / 14)
+
+
+def test_nce_training_learns_a_self_normalised_model_and_resumes_exactly(corpus, tmp_path):
+    """NCE lowers held-out perplexity (measured with the exact softmax), leaves ln Z near 0 without a penalty,
+    marks the model self-normalised, and a resumed run draws the noise the uninterrupted one drew."""
+    from cslm.engine import Engine
+
+    def cfg(epochs):
+        return TrainConfig(preset="tiny", vocab_size=60, max_epochs=epochs, valid_fraction=0.05, batch_size=32,
+                           device="cpu", objective="nce", noise_samples=20, lr=3e-3, dtype="fp32", threads=1)
+
+    whole = train(str(corpus), str(tmp_path / "whole"), cfg(4), progress=False)
+    history = [h["valid_ppl"] for h in whole["valid_ppl_history"]]
+    assert history[-1] < min(history[0], 60)  # learning, and better than uniform over the shortlist
+    train(str(corpus), str(tmp_path / "split"), cfg(2), progress=False)
+    resumed = train(str(corpus), str(tmp_path / "split"), cfg(4), resume=True, progress=False)
+    assert [h["valid_ppl"] for h in resumed["valid_ppl_history"]] == pytest.approx(history, rel=1e-6)
+
+    loaded = modeldir.load(str(tmp_path / "whole"))
+    info = scan_corpus(str(corpus), 0.05, 1)
+    grams = heldout_ngrams(str(corpus), loaded.vocab, info.heldout_lines, loaded.config.order)
+    with torch.no_grad():
+        log_z = torch.logsumexp(loaded.model(torch.from_numpy(grams[:, :-1].astype(np.int64))), 1)
+    # an untrained model's scores are all near 0, so its ln Z is ln V: NCE alone brought it most of the way to 0
+    assert log_z.abs().mean().item() < 0.25 * np.log(loaded.config.vocab_size)
+    engine = Engine.load(str(tmp_path / "whole"), device="cpu", normalized=False)
+    assert engine.trained_self_normalized and engine.self_norm_warning() is None
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(objective="nce", self_norm=0.1), "NCE self-normalises by itself"),
+    (dict(objective="hinge"), "objective must be one of softmax, nce, not 'hinge'"),
+    (dict(objective="nce", noise_samples=0), "noise_samples must be at least 1, not 0"),
+])
+def test_nce_options_are_checked(kwargs, message):
+    from mtcommon.errors import UserError
+
+    with pytest.raises(UserError, match=message):
+        TrainConfig(**kwargs)
+
+
+def test_cli_refuses_nce_with_a_self_norm_penalty_in_one_line(corpus, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "cslm.cli", "train", str(corpus), "-o", str(tmp_path / "m"),
+                        "--objective", "nce", "--self-norm", "0.1", "--preset", "tiny", "--quiet"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "NCE self-normalises by itself" in r.stderr and not (tmp_path / "m" / "config.json").exists()
 
 
 DDP_SCRIPT = textwrap.dedent("""

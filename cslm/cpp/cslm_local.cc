@@ -240,13 +240,15 @@ void Relu(size_t n, float* x) {
 
 }  // namespace
 
-LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), self_norm_(0), bos_(0), eos_(0), unk_(0) {
+LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab";
   const std::string cfg = ReadFile(cfg_path);
   if (cfg.find("\"format\": \"cslm\"") == std::string::npos && cfg.find("\"format\":\"cslm\"") == std::string::npos)
     throw Fail(cfg_path, "not a CSLM model directory (format is not \"cslm\")");
   const double order = JsonNumber(cfg, "order", -1);
   self_norm_ = JsonNumber(cfg, "self_norm", 0);
+  // trained by noise-contrastive estimation (cslm train --objective nce): self-normalised as well
+  nce_ = cfg.find("\"objective\": \"nce\"") != std::string::npos || cfg.find("\"objective\":\"nce\"") != std::string::npos;
   if (order < 2) throw Fail(cfg_path, "no valid \"order\"");
   order_ = static_cast<unsigned>(order);
 

@@ -67,9 +67,10 @@ class LocalModel {
   uint32_t bos_id() const { return bos_; }
   uint32_t eos_id() const { return eos_; }
   uint32_t unk_id() const { return unk_; }
-  // True if the model was trained with a (ln Z)^2 penalty (config.json's
-  // meta.train_config.self_norm > 0).
-  bool self_normalized() const { return self_norm_ > 0; }
+  // True if the model was trained to be self-normalised: with a (ln Z)^2
+  // penalty (config.json's meta.train_config.self_norm > 0) or by
+  // noise-contrastive estimation (meta.train_config.objective "nce").
+  bool self_normalized() const { return self_norm_ > 0 || nce_; }
   double self_norm_alpha() const { return self_norm_; }
   size_t table_bytes() const { return table_.size() * sizeof(float); }
   // The vector instructions the kernels use here: "avx512", "avx2" or "baseline".
@@ -102,6 +103,7 @@ class LocalModel {
   unsigned order_;
   size_t embed_, h1_;
   double self_norm_;
+  bool nce_;
   std::vector<std::string> words_;
   uint32_t bos_, eos_, unk_;
   std::vector<float> table_;  // T[p][w][j], (order-1) x V x H_1

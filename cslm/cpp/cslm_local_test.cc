@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
         lm.Score(&flat[0], count, false, &selfnorm[0], &scratch);
       }
       for (size_t i = 0; i < count; ++i) printf("%.6f %.6f\n", exact[i], selfnorm[i]);
+      std::cerr << "self-normalized " << (lm.self_normalized() ? 1 : 0) << std::endl;  // what Moses's feature defaults to
       return 0;
     }
     const double seconds = atof(argv[3]);

@@ -163,7 +163,7 @@ void CSLM::Load(AllOptions::ptr const& opts) {
     if (m_selfNorm == -1) m_selfNorm = lm.self_normalized();
     if (m_selfNorm && !lm.self_normalized())
       std::cerr << who << ": warning: self-normalized=true but " << m_path
-                << " was trained without --self-norm: its o_w are not log-probabilities" << std::endl;
+                << " was trained without --self-norm or --objective nce: its o_w are not log-probabilities" << std::endl;
     m_prefetch = 0;  // no round trips to fill
     if (m_futureCost == -1) m_futureCost = 1;
   } else {
