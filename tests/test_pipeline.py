@@ -53,9 +53,9 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     # the sorted extracts go once the tables are built, before the folder is renamed; lex.* stay
     assert plan.index("extract.*sorted.gz") < plan.index(f"mv {tmp_path}/w/train.tmp {tmp_path}/w/train")
     assert "rm -f" in plan.splitlines()[[i for i, l in enumerate(plan.splitlines()) if "extract.*sorted.gz" in l][0]]
-    for system in ALL_SYSTEMS:  # three tunings each, MERT seeds 1, 2, 3
+    for system in ALL_SYSTEMS:  # three tunings each by the default tuner, PRO with -b, seeds 1, 2, 3
         for k in (1, 2, 3):
-            assert f"systems/{system}/mert-{k}/mert" in plan and f"systems/{system}/mert-{k}/$set.ini" in plan
+            assert f"systems/{system}/pro-bp-{k}/mert" in plan and f"systems/{system}/pro-bp-{k}/$set.ini" in plan
         # the tables filtered once per system, each run's weights put into them; every tuning
         # starts from the filtered dev model
         assert f"filter-model-given-input.pl $out.tmp {tmp_path}/w/systems/{system}/moses.ini" in plan
@@ -63,21 +63,21 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
                           f"  /opt/mosesdecoder/bin/moses {tmp_path}/w/systems/{system}/moses.ini.filtered-dev "
                           "--no-filter-phrase-table") == 3
     assert plan.count("filter-model-given-input.pl") == 8 and plan.count("mt.py reweight") == 24
-    assert plan.count("mert-moses.pl") == 24 and plan.count('--mertmertargs "-r 3 -P $positive "') == 8
-    # mert keeps the reordering and phrase-table weights positive: -P with the names of their scores
+    assert plan.count("mert-moses.pl") == 24 and plan.count('--pairwise-ranked --proargs "-r 3 -b "') == 8
+    # PRO keeps the reordering and phrase-table weights positive: megam.py's -nonneg, from the names of their scores
     assert plan.count(f"positive=$({sys.executable} {PIPE}/mt.py positive {tmp_path}/w/systems/rnn/moses.ini.filtered-dev "
                       "LexicalReordering0 TranslationModel0) && ") == 3
     assert plan.count("/mert --nbest 300 --threads 2 ") == 24  # 300-best lists; the optimiser on THREADS threads
-    assert "--batch-mira" not in plan and "--pairwise-ranked" not in plan and "megam" not in plan
+    assert "--batch-mira" not in plan and "--mertmertargs" not in plan and plan.count("pro-features run1.features.dat") == 24
     # dev: the tuning's own decoding of the weights it kept
     assert plan.count("mt.py best-iteration") == 24 + 6  # and each reranked tuning's dev list
     # the whole table scored (SCORE_SCOPE=all, the default)
     assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
     assert "model-devtest" not in plan
-    assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan and "--tuner mert" in plan
+    assert "--test-ref" in plan and "--plot" in plan and '--label ""' in plan and '--tuner pro --tuner-args="-b" ' in plan
     # the report's systems: the Makefile's list, then the reranked ones
     assert f'--systems "{" ".join(ALL_SYSTEMS)} baseline-rerank cslm-rnn-rerank"' in plan
-    for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline", "decode-rnn"]:
+    for step in ["align", "lm", "phrases", "rnn-train", "rnn-score", "cslm-train", "tune-baseline.pro-bp", "decode-rnn"]:
         assert f"times.tsv {step} -- " in plan, step
     assert "--max-minutes 120" in plan  # the full run's budget per network
     # the longest chain first: the RNN trains as soon as the phrase table exists
@@ -100,7 +100,7 @@ def test_dry_run_budget(tmp_path, shared_data):
     assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 24
     # the CSLM, three phrase networks and the two sentence networks
     assert "cslm train" in r.stdout and r.stdout.count("--max-minutes 35") == 6
-    assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by mert on the first 400" in r.stdout
+    assert '--label "BUDGET=1 (a first table' in r.stdout and "tuned by pro -b on the first 400" in r.stdout
     # the RNN scores only what dev and test can use: the base model filtered to both sets' sources
     w = tmp_path / "w"
     assert f"cat {w}/data/dev.en {w}/data/test.en > {w}/devtest.en" in r.stdout
@@ -165,7 +165,7 @@ def test_dry_run_reranked_systems(tmp_path):
                 f"-o {w}/{name}/learning.json") in plan
     assert (f"moses-rnn align -m {w}/sent/model -i {w}/data/test.en --targets {w}/data/test.fr "
             f"-o {w}/sent/alignments.png") in plan  # Figure 3
-    run, base = f"{w}/systems/baseline-rerank/mert-2", f"{w}/systems/baseline/mert-2"
+    run, base = f"{w}/systems/baseline-rerank/pro-bp-2", f"{w}/systems/baseline/pro-bp-2"
     # RERANK_NBEST (100): the test set's 100-best lists, and the first 100 of each dev sentence's 300
     assert (f"/opt/mosesdecoder/bin/moses -f {base}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit "
             f"1000 -n-best-list {run}/test.nbest.tmp 100 distinct < {w}/data/test.en") in plan
@@ -211,7 +211,7 @@ def test_dry_run_augmented_system(tmp_path):
                 f"--weight 0.05 --path {w}/{folder}/phrase-table.rnn.gz -o {w}/systems/{system}/moses.ini.tmp") in plan
         # each tuning's test set decoded again with Moses's segmentation, for the generated pairs it used
         for k in (1, 2, 3):
-            run = f"{w}/systems/{system}/mert-{k}"
+            run = f"{w}/systems/{system}/pro-bp-{k}"
             assert f"-f {run}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit 1000 -t" in plan
             assert (f"moses-rnn analyze augmented {w}/{folder}/phrase-table.rnn.gz {run}/test.trace {w}/data/test.en "
                     f"-o {run}/usage.json") in plan
@@ -298,7 +298,7 @@ def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
     """Each step of S-rerank is its own target: with the test list decoded and the dev list rescored, a new
     run neither decodes nor rescores the dev list again; it rescores the test list, tunes and reranks."""
     w = tmp_path / "w"
-    base, run = w / "systems/baseline/mert-1", w / "systems/baseline-rerank/mert-1"
+    base, run = w / "systems/baseline/pro-bp-1", w / "systems/baseline-rerank/pro-bp-1"
     run.mkdir(parents=True)
     (run / "test.nbest.gz").write_bytes(b"")
     (run / "dev.nbest.gz").write_bytes(b"")
@@ -820,7 +820,7 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     # pro with -b: its own folders (pro-bp-K), the option named on the report's first line
     d.rename(d.with_name("pro-bp-1"))
     mt.main(["report", str(tmp_path), str(tmp_path / "bp.md"), "--systems", "baseline rnn", "--tuner", "pro",
-             "--tuner-args", " -b "])
+             "--tuner-args=-b"])  # as the Makefile passes it (argparse would read a separate "-b" as an option)
     report = (tmp_path / "bp.md").read_text()
     assert report.startswith("Tuner: pro (mert-moses.pl --pairwise-ranked, megam by pipelines/megam.py; pro -b); "
                              "tunings systems/SYSTEM/pro-bp-K.") and "| Baseline | 1 | 11.00 | 17.50 |" in report
@@ -909,7 +909,7 @@ def test_tuners_side_by_side(tmp_path):
     assert "| Baseline | kbmira | 2 |" in (tmp_path / "report.tuners.md").read_text() and (tmp_path / "report.tuners.png").exists()
 
 
-def _fake_moses(root: Path, tuner: str = "mert") -> Path:
+def _fake_moses(root: Path, tuner: str = "pro") -> Path:
     """A Moses folder with (empty) every program and script a run calls, as preflight checks them."""
     for rel in ["bin/moses"] + mt.MOSES_NEEDS + mt.TUNER_NEEDS[tuner]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -967,7 +967,7 @@ def test_a_new_tuning_redoes_nothing_finished(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     system = work / "systems" / "baseline"
     assert (system / "moses.ini.filtered-dev").exists() and (system / "moses.ini.filtered-test").exists()
-    assert (system / "mert-1" / "test.bleu.json").exists()
+    assert (system / "pro-bp-1" / "test.bleu.json").exists()  # the default tuner's
     first = (tmp_path / "calls.log").read_text().splitlines()
     assert sum(c.startswith("filter-model-given-input.pl") for c in first) == 2  # dev and test, once
     (tmp_path / "calls.log").unlink()
@@ -976,7 +976,7 @@ def test_a_new_tuning_redoes_nothing_finished(tmp_path):
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert not any(c.startswith("filter-model-given-input.pl") for c in calls), calls
     tunings = [c for c in calls if c.startswith("mert-moses.pl")]
-    assert len(tunings) == 1 and "/mert-2/mert" in tunings[0] and "/mert-1/" not in tunings[0]
+    assert len(tunings) == 1 and "/pro-bp-2/mert" in tunings[0] and "/pro-bp-1/" not in tunings[0]
     assert not list(work.rglob("*.tmp"))
 
 
@@ -1072,7 +1072,7 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     # times.tsv: the papers' tuner (mert, 20 restarts) as tune-SYSTEM, any other as tune-SYSTEM.TUNING
     assert ("tune-baseline -- " in plan) == (tuner == "mert") and (f"tune-baseline.{tuner} " in plan) == (tuner != "mert")
     if tuner == "mert":  # POSITIVE empty: no constraint
-        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), POSITIVE="")
+        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="mert", POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
     assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 24 and "--nbest 300" not in r.stdout
@@ -1084,10 +1084,11 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
         r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0", RUNS="1")
         assert r.returncode == 0, r.stderr
         assert f"{w}/systems/baseline/mert-r0-2/" not in r.stdout
-    tuning = "mert-r0" if tuner == "mert" else tuner
+    # pro's default TUNER_ARGS is -b (the pipeline's default tuner): its tunings are pro-bp-K
+    tuning = {"mert": "mert-r0", "pro": "pro-bp"}.get(tuner, tuner)
     assert r.stdout.count("--random-restarts 0 ") == (8 if tuner == "mert" else 0)
     assert f"{w}/systems/baseline/{tuning}-{1 if tuner == 'mert' else 3}/tuned.ini" in r.stdout and f"{w}/report.{tuning}.png" in r.stdout
-    assert (f"{w}/systems/baseline/{tuner}-1/" in r.stdout) == (tuner != "mert")
+    assert (f"{w}/systems/baseline/{'pro-bp' if tuner == 'pro' else tuner}-1/" in r.stdout) == (tuner != "mert")
     assert "--restarts 0 " in r.stdout and f"tune-baseline.{tuning} " in r.stdout  # times.tsv tells tunings apart
     # TUNING names the tunings: those made with other TUNER_ARGS sit beside the tuner's own
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-x", TUNING=f"{tuner}-x")
@@ -1099,7 +1100,7 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert r.returncode == 0, r.stderr
     bp = f"{tuner}-bp" if tuner == "pro" else tuner
     assert f"{w}/systems/rnn/{bp}-3/tuned.ini" in r.stdout and f"{w}/report.{bp}.png" in r.stdout
-    assert '--tuner-args "-b" ' in r.stdout and f"--tuning {bp} " in r.stdout
+    assert '--tuner-args="-b" ' in r.stdout and f"--tuning {bp} " in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
     assert r.returncode != 0 and "TUNING must be a name of letters, digits, dots and single hyphens, not 'pro_b'" in r.stderr
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
