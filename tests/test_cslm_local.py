@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -115,7 +116,8 @@ def test_local_evaluator_knows_a_self_normalised_training(local_exe, model_dir, 
     out, loaded, corpus = model_dir
     d = tmp_path / "m"
     modeldir.save_vocab(str(d), loaded.vocab)
-    modeldir.save_weights(str(d), loaded.model, {"train_config": train_config})
+    # a float32 copy: the module's model may have been made float64 by an earlier test
+    modeldir.save_weights(str(d), copy.deepcopy(loaded.model).float(), {"train_config": train_config})
     r = subprocess.run([str(local_exe), str(d)], input="le chat\n", capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and f"self-normalized {self_normalized}" in r.stderr, r.stderr
     assert trained_self_normalized({"train_config": train_config}) == bool(self_normalized)
