@@ -36,6 +36,7 @@ checkpointing and early stopping then happen every `epoch_ngrams` n-grams).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -186,6 +187,12 @@ class NgramTrainer(Trainer):
     def build_model(self) -> CSLM:
         model = CSLM(self.model_cfg)
         model.init_weights()  # uniform in [-0.01, 0.01] (Sec. 4.1.2)
+        if self.cfg.objective == "nce":
+            # Vaswani et al. (2013), Sec. 2: output biases start at -ln V, so that Z(h) ~ 1 from the first
+            # update. NCE never normalises, and a word the noise seldom draws keeps the score it starts
+            # with: from 0 (Z ~ V), ln Z(h) stayed near 14 after an epoch of the shared corpus.
+            with torch.no_grad():
+                model.out.bias.fill_(-math.log(self.model_cfg.vocab_size))
         return model
 
     def build_optimizer(self, model):

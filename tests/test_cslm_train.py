@@ -121,10 +121,26 @@ def test_nce_training_learns_a_self_normalised_model_and_resumes_exactly(corpus,
     grams = heldout_ngrams(str(corpus), loaded.vocab, info.heldout_lines, loaded.config.order)
     with torch.no_grad():
         log_z = torch.logsumexp(loaded.model(torch.from_numpy(grams[:, :-1].astype(np.int64))), 1)
-    # an untrained model's scores are all near 0, so its ln Z is ln V: NCE alone brought it most of the way to 0
+    # NCE starts from output biases of -ln V (ln Z ~ 0) and, without a penalty, keeps ln Z near 0
     assert log_z.abs().mean().item() < 0.25 * np.log(loaded.config.vocab_size)
     engine = Engine.load(str(tmp_path / "whole"), device="cpu", normalized=False)
     assert engine.trained_self_normalized and engine.self_norm_warning() is None
+
+
+def test_nce_keeps_words_the_noise_seldom_draws_normalised(corpus, tmp_path):
+    """With one noise word an update, most of the shortlist is seldom drawn as noise and keeps the score it
+    starts with: NCE starts the output biases at -ln V (Vaswani et al. 2013), so those words start, and stay,
+    near probability 1/V instead of near 1 (from biases near 0, ln Z would be near ln V)."""
+    cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=2, valid_fraction=0.05, batch_size=32,
+                      device="cpu", objective="nce", noise_samples=1, lr=3e-3, dtype="fp32", threads=1)
+    train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
+    loaded = modeldir.load(str(tmp_path / "m"))
+    assert loaded.model.out.bias.mean().item() < -0.5 * np.log(loaded.config.vocab_size)
+    info = scan_corpus(str(corpus), 0.05, 1)
+    grams = heldout_ngrams(str(corpus), loaded.vocab, info.heldout_lines, loaded.config.order)
+    with torch.no_grad():
+        log_z = torch.logsumexp(loaded.model(torch.from_numpy(grams[:, :-1].astype(np.int64))), 1)
+    assert log_z.abs().mean().item() < 0.25 * np.log(loaded.config.vocab_size)
 
 
 @pytest.mark.parametrize("kwargs,message", [
