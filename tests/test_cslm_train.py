@@ -100,6 +100,14 @@ def test_noise_distribution_is_the_training_unigram_distribution():
     assert q[vocab.unk_id] == pytest.approx(1 / 14)
 
 
+def _heldout_log_z(corpus, loaded) -> torch.Tensor:
+    """ln Z(h) of every held-out n-gram's history (valid_fraction 0.05, seed 1, as the NCE tests train)."""
+    info = scan_corpus(str(corpus), 0.05, 1)
+    grams = heldout_ngrams(str(corpus), loaded.vocab, info.heldout_lines, loaded.config.order)
+    with torch.no_grad():
+        return torch.logsumexp(loaded.model(torch.from_numpy(grams[:, :-1].astype(np.int64))), 1)
+
+
 def test_nce_training_learns_a_self_normalised_model_and_resumes_exactly(corpus, tmp_path):
     """NCE lowers held-out perplexity (measured with the exact softmax), leaves ln Z near 0 without a penalty,
     marks the model self-normalised, and a resumed run draws the noise the uninterrupted one drew."""
@@ -117,10 +125,7 @@ def test_nce_training_learns_a_self_normalised_model_and_resumes_exactly(corpus,
     assert [h["valid_ppl"] for h in resumed["valid_ppl_history"]] == pytest.approx(history, rel=1e-6)
 
     loaded = modeldir.load(str(tmp_path / "whole"))
-    info = scan_corpus(str(corpus), 0.05, 1)
-    grams = heldout_ngrams(str(corpus), loaded.vocab, info.heldout_lines, loaded.config.order)
-    with torch.no_grad():
-        log_z = torch.logsumexp(loaded.model(torch.from_numpy(grams[:, :-1].astype(np.int64))), 1)
+    log_z = _heldout_log_z(corpus, loaded)
     # NCE starts from output biases of -ln V (ln Z ~ 0) and, without a penalty, keeps ln Z near 0
     assert log_z.abs().mean().item() < 0.25 * np.log(loaded.config.vocab_size)
     engine = Engine.load(str(tmp_path / "whole"), device="cpu", normalized=False)
@@ -136,10 +141,7 @@ def test_nce_keeps_words_the_noise_seldom_draws_normalised(corpus, tmp_path):
     train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
     loaded = modeldir.load(str(tmp_path / "m"))
     assert loaded.model.out.bias.mean().item() < -0.5 * np.log(loaded.config.vocab_size)
-    info = scan_corpus(str(corpus), 0.05, 1)
-    grams = heldout_ngrams(str(corpus), loaded.vocab, info.heldout_lines, loaded.config.order)
-    with torch.no_grad():
-        log_z = torch.logsumexp(loaded.model(torch.from_numpy(grams[:, :-1].astype(np.int64))), 1)
+    log_z = _heldout_log_z(corpus, loaded)
     assert log_z.abs().mean().item() < 0.25 * np.log(loaded.config.vocab_size)
 
 
