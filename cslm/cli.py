@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from mtcommon.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 
 def _threads(n):
@@ -86,6 +86,9 @@ def main():
                    "first batch; on a GPU, bfloat16 where native [fast auto, paper fp32].")
 @click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["adam", "sgd"]))
 @click.option("--lr", type=Number(min=0), help="Learning rate [adam 1e-3, sgd 0.05].")
+@LR_SCHEDULE
+@click.option("--dropout", type=Number(min=0, max=0.99), default=0.0, show_default=True,
+              help="Dropout after each rectified layer while training (not in the paper).")
 @click.option("--self-norm", type=Number(min=0), default=0.0, show_default=True,
               help="Weight alpha of the alpha*(log Z)^2 self-normalisation penalty (Devlin et al., 2014).")
 @click.option("--objective", default="softmax", show_default=True, type=click.Choice(["softmax", "nce"]),
@@ -101,7 +104,7 @@ def main():
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, epoch_ngrams,
-          recipe, batch_size, dtype, optimizer, lr, self_norm, objective, noise_samples, seed, device, threads, resume,
+          recipe, batch_size, dtype, optimizer, lr, lr_schedule, dropout, self_norm, objective, noise_samples, seed, device, threads, resume,
           quiet):
     """Train on CORPUS: tokenized text, one sentence per line, plain or gzip.
 
@@ -110,7 +113,7 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
     from .train import TrainConfig, train as run_train
 
     cfg = TrainConfig(preset=preset, recipe=recipe, vocab_size=vocab_size, batch_size=batch_size, dtype=dtype,
-                      optimizer=optimizer, lr=lr, self_norm=self_norm, objective=objective,
+                      optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, dropout=dropout, self_norm=self_norm, objective=objective,
                       noise_samples=noise_samples, valid_fraction=valid_fraction,
                       patience=patience, max_epochs=max_epochs, max_minutes=max_minutes, epoch_ngrams=epoch_ngrams,
                       seed=seed, device=device, threads=threads)

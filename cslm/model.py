@@ -6,7 +6,8 @@ projection matrix and concatenated (3072 values), fed through two rectified
 layers of 1536 and 1024 units, and a softmax over a target shortlist gives
 P(w_n | w_1 .. w_{n-1}). All weights start uniform in [-0.01, 0.01].
 
-Deviation: one shortlist serves as both the input and the output vocabulary
+Deviations: `dropout` (Srivastava et al. 2014; 0 by default, as in the paper) after each
+rectified layer while training. One shortlist serves as both the input and the output vocabulary
 (Schwenk's toolkit can use a larger input vocabulary); words outside it enter
 the history as [UNK]. This keeps one id space for the model, the server and
 its clients.
@@ -30,6 +31,7 @@ class CSLMConfig:
     embed: int = 512  # projection of each history word
     hidden: tuple[int, ...] = field(default_factory=lambda: (1536, 1024))
     init_range: float = 0.01
+    dropout: float = 0.0  # after each rectified layer, in training only (not in the paper; 0: none)
 
     def __post_init__(self) -> None:
         """Every field checked (a config may come from a file): a UserError names the first bad one."""
@@ -41,6 +43,9 @@ class CSLMConfig:
                 or not all(_is_int(h) and h >= 1 for h in self.hidden):
             raise UserError(f"`hidden` must be a list of layer sizes of at least 1, not {self.hidden!r}")
         self.hidden = tuple(self.hidden)
+        d = self.dropout
+        if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0 <= d < 1:
+            raise UserError(f"`dropout` must be a number in [0, 1), not {d!r}")
         r = self.init_range
         if not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 <= r < float("inf"):
             raise UserError(f"`init_range` must be a finite number of at least 0, not {r!r}")
@@ -68,10 +73,10 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def preset_config(name: str, vocab_size: int | None = None) -> CSLMConfig:
+def preset_config(name: str, vocab_size: int | None = None, dropout: float = 0.0) -> CSLMConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
-    p = dict(PRESETS[name])
+    p = dict(PRESETS[name], dropout=dropout)
     if vocab_size is not None:
         p["vocab_size"] = vocab_size
     return CSLMConfig(**p)
@@ -99,6 +104,8 @@ class CSLM(nn.Module):
         x = self.embed(context).reshape(B, -1)  # concatenate the n-1 projections: (B, (n-1)*embed)
         for layer in self.hidden:
             x = F.relu(layer(x))  # rectified layers of 1536 and 1024 units
+            if self.config.dropout:  # deviation, off by default: Srivastava et al. (2014), training only
+                x = F.dropout(x, self.config.dropout, self.training)
         return x
 
     def forward(self, context: torch.Tensor) -> torch.Tensor:

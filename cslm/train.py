@@ -46,7 +46,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
-from mtcommon.trainer import Schedule, Trainer, apply_recipe
+from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
 from mtcommon.vocab import BOS, EOS
 
 from . import modeldir
@@ -68,6 +68,8 @@ class TrainConfig:
     dtype: str | None = None  # "auto" (the faster where both run, runtime.probe_dtype), "bf16" or "fp32"
     optimizer: str = "adam"
     lr: float | None = None  # default: 1e-3 (adam), 0.05 (sgd)
+    lr_schedule: str = "constant"  # "constant" (the paper), "linear" or "cosine" to 0 over the budget (mtcommon.trainer)
+    dropout: float = 0.0  # after each rectified layer while training (CSLMConfig.dropout); 0: none, as in the paper
     self_norm: float = 0.0  # alpha of the (log Z)^2 penalty (Devlin et al. 2014); 0: none
     objective: str = "softmax"  # "softmax" (the paper's cross-entropy) or "nce" (noise-contrastive estimation)
     noise_samples: int = 100  # k: noise words per update under "nce", shared by the batch's n-grams
@@ -87,6 +89,9 @@ class TrainConfig:
         if self.objective == "nce" and self.self_norm:
             raise UserError("--self-norm is a penalty on the softmax's ln Z; NCE self-normalises by itself: "
                             "give one of --objective nce and --self-norm")
+        lr_factor(self.lr_schedule, 0.0)  # an unknown schedule is a UserError here
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"dropout must be in [0, 1), not {self.dropout}")
         if self.noise_samples < 1:
             raise UserError(f"noise_samples must be at least 1, not {self.noise_samples}")
 
@@ -165,7 +170,7 @@ class NgramTrainer(Trainer):
             self.model_cfg, _ = modeldir.read_config(self.model_dir)
             self.vocab = modeldir.load_vocab(self.model_dir, self.model_cfg.vocab_size)
         else:
-            self.model_cfg = preset_config(cfg.preset, cfg.vocab_size)
+            self.model_cfg = preset_config(cfg.preset, cfg.vocab_size, cfg.dropout)
             self.vocab = build_vocab(info.counts, self.model_cfg.vocab_size)
             self.model_cfg.vocab_size = len(self.vocab)  # a small corpus may have fewer distinct words
             if self.dist.is_main:

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from mtcommon.cliutil import SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 from . import __version__
 from .networks import ARCHS
@@ -53,6 +53,7 @@ def main():
 @click.option("--batch-size", type=click.IntRange(min=1), help="Pairs per update [recipe's: fast 128, paper 64].")
 @click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="[recipe's: fast adam, paper adadelta].")
 @click.option("--lr", type=Number(min=0), help="Learning rate [recipe's: fast (adam) 2e-3, paper (adadelta) 1.0].")
+@LR_SCHEDULE
 @click.option("--sampled-softmax", type=click.IntRange(min=0),
               help="Softmax candidates per batch during training, 0 for the full shortlist [fast 2048, paper 0].")
 @click.option("--bucket/--no-bucket", default=None, help="Batches of equal-length pairs [fast: on, paper: off].")
@@ -72,7 +73,7 @@ def main():
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def train(table, corpus, max_len, model_dir, preset, arch, src_vocab, tgt_vocab, subwords, subword_corpus, recipe, max_steps, max_minutes, batch_size, optimizer,
-          lr, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume, quiet):
+          lr, lr_schedule, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume, quiet):
     """Train on the unique phrase pairs of a Moses phrase table TABLE, or on the sentence pairs of a
     parallel corpus (--corpus SRC TGT).
 
@@ -82,7 +83,7 @@ def train(table, corpus, max_len, model_dir, preset, arch, src_vocab, tgt_vocab,
     from .training.train import TrainConfig, train as run_train
 
     cfg = TrainConfig(preset=preset, recipe=recipe, src_vocab=src_vocab, tgt_vocab=tgt_vocab, batch_size=batch_size,
-                      optimizer=optimizer, lr=lr, sampled_softmax=sampled_softmax, bucket=bucket, dtype=dtype,
+                      optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, sampled_softmax=sampled_softmax, bucket=bucket, dtype=dtype,
                       max_steps=max_steps, max_minutes=max_minutes, clip=clip, seed=seed,
                       valid_pairs=valid_pairs, eval_every=eval_every, device=device, threads=threads,
                       arch=arch, subwords=subwords, subword_corpus=tuple(subword_corpus) if subword_corpus else None,

@@ -60,6 +60,11 @@ def check_device(ctx, param, value: str) -> str:
 
 THREADS = click.IntRange(min=1)  # the type of every --threads option: 0 and negative counts are refused
 SEED = click.IntRange(min=0)  # numpy's generators take no negative seed
+# the --lr-schedule option of both trainers (mtcommon.trainer.lr_factor)
+LR_SCHEDULE = click.option(
+    "--lr-schedule", default="constant", show_default=True, type=click.Choice(["constant", "linear", "cosine"]),
+    help="constant: the paper's. linear, cosine: decay to 0 at the end of the budget (the step, epoch or "
+         "--max-minutes limit the run reaches first).")
 
 
 class Number(click.FloatRange):

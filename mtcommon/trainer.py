@@ -17,7 +17,9 @@ written once:
 - held-out perplexity every `eval_every` steps, the best weights kept,
   optional early stopping after `patience` evaluations without improvement;
 - the `max_steps` / `max_minutes` limits, both over the whole training (a
-  resumed run gets what an interrupted one left), a progress bar with the moving
+  resumed run gets what an interrupted one left), and the learning-rate
+  schedule over them (`lr_factor`: constant, as the papers train, or decaying
+  to 0 at whichever limit the run reaches first), a progress bar with the moving
   average of the loss, and a JSON-ready summary with `<unit>_seen` and
   `train_seconds` (time in training steps only, without start-up and
   evaluation), so any script can compute the training rate.
@@ -45,6 +47,25 @@ from .runtime import (Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, 
 # rather than from the checkpoint: they say how long and where to run, not what.
 # `dtype` too, when given as bf16 or fp32; 'auto' keeps the checkpoint's (`Trainer.__init__`).
 RUN_CONTROL = ("max_steps", "max_minutes", "max_epochs", "device", "threads", "dtype")
+
+
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def lr_factor(schedule: str, progress: float) -> float:
+    """The learning rate's multiplier after `progress` (0..1) of the training budget.
+
+    constant: 1 throughout (the papers' recipes). linear: 1 - progress. cosine: (1 + cos(pi progress)) / 2
+    (Loshchilov & Hutter 2017, without restarts). Both decays reach 0 at the end of the budget, where a
+    constant rate still takes full steps: a run cut off by its budget ends on smaller, averaging updates."""
+    p = min(max(progress, 0.0), 1.0)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "linear":
+        return 1.0 - p
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * p))
+    raise UserError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, not {schedule!r}")
 
 
 def apply_recipe(cfg, recipes: dict[str, dict]) -> None:
@@ -287,6 +308,10 @@ class Trainer(ABC):
         if self.checkpoint is not None:
             optimizer.load_state_dict(self.checkpoint.optimizer)
             loop = self.checkpoint.loop
+        for group in optimizer.param_groups:  # the rate a schedule scales: as built, or as a resumed run's
+            group.setdefault("initial_lr", group["lr"])  # optimiser state brings it back
+        lr_schedule = getattr(cfg, "lr_schedule", "constant")
+        lr_factor(lr_schedule, 0.0)  # an unknown schedule stops the run here
         objective = self.build_objective(model)
         first: dict = {}  # the batch of the run's first step, fetched once for the dtype probe and that step
 
@@ -333,12 +358,19 @@ class Trainer(ABC):
             if schedule.patience is not None and loop.since_best >= schedule.patience:
                 stopped = "patience"
                 break
-            over = cfg.max_minutes is not None and wall() > 60 * cfg.max_minutes
-            if dist.enabled:  # every rank must stop at the same step
-                over = dist.all_sum([float(over)], self.device)[0] > 0
-            if over:
+            # the share of the wall-clock budget spent; every rank must stop at the same step and, with a
+            # schedule, step with the same rate: the ranks' mean share decides for all
+            spent = 0.0 if cfg.max_minutes is None else \
+                wall() / (60 * cfg.max_minutes) if cfg.max_minutes > 0 else math.inf
+            if dist.enabled and cfg.max_minutes is not None:
+                spent = dist.all_sum([spent], self.device)[0] / dist.world
+            if cfg.max_minutes is not None and spent > 1.0:
                 stopped = "max_minutes"
                 break
+            if lr_schedule != "constant":  # the budget is whichever limit the run reaches first
+                factor = lr_factor(lr_schedule, max(loop.step / schedule.max_steps, spent))
+                for group in optimizer.param_groups:
+                    group["lr"] = group["initial_lr"] * factor
             step = loop.step
             tuner.before_step(step)
             t0 = time.perf_counter()

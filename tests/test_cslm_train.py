@@ -170,7 +170,7 @@ DDP_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from cslm.train import TrainConfig, train
     cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=2, valid_fraction=0.05, batch_size=64, device="cpu",
-                      threads=1, dtype="fp32", seed=5)
+                      threads=1, dtype="fp32", seed=5, lr_schedule="linear")  # every rank steps with the same rate
     s = train(sys.argv[1], sys.argv[2], cfg, progress=False, trace=True)
     if s["rank"] == 0:
         print(json.dumps({k: s[k] for k in ("loss_trace", "best_valid_ppl", "processes", "ngrams_seen")}))
@@ -193,3 +193,29 @@ def test_torchrun_two_processes_follow_the_single_process_run(corpus, tmp_path):
     assert two["processes"] == 2 and two["ngrams_seen"] == one["ngrams_seen"]
     assert two["loss_trace"] == pytest.approx(one["loss_trace"], rel=1e-4, abs=1e-5)
     assert two["best_valid_ppl"] == pytest.approx(one["best_valid_ppl"], rel=1e-4)
+
+
+def test_dropout_acts_in_training_only_and_is_kept_in_the_model_config(corpus, tmp_path):
+    from cslm.model import CSLM, CSLMConfig, preset_config
+    from mtcommon.errors import UserError
+
+    with pytest.raises(UserError, match=r"`dropout` must be a number in \[0, 1\), not 1.0"):
+        CSLMConfig(dropout=1.0)
+    with pytest.raises(UserError, match=r"dropout must be in \[0, 1\), not -0.1"):
+        TrainConfig(dropout=-0.1)
+    torch.manual_seed(0)
+    plain = CSLM(preset_config("tiny", 60))
+    plain.init_weights()
+    dropped = CSLM(preset_config("tiny", 60, dropout=0.5))
+    dropped.load_state_dict(plain.state_dict())
+    context = torch.randint(0, 60, (8, 6))
+    dropped.train()
+    assert not torch.equal(dropped(context), dropped(context))  # a fresh mask each call
+    dropped.eval()
+    plain.eval()
+    assert torch.equal(dropped(context), plain(context))  # scoring sees the whole network
+
+    cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=2, valid_fraction=0.05, batch_size=64,
+                      device="cpu", dropout=0.2, dtype="fp32", threads=1)
+    train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
+    assert modeldir.load(str(tmp_path / "m")).config.dropout == 0.2

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
-from mtcommon.trainer import Schedule, Trainer, apply_recipe
+from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
 from mtcommon.subword import SubwordVocabulary
 from mtcommon.textio import iter_lines
 from mtcommon.vocab import EOS, Vocabulary
@@ -46,6 +46,7 @@ class TrainConfig:
     batch_size: int | None = None
     optimizer: str | None = None  # "adadelta" or "adam"
     lr: float | None = None
+    lr_schedule: str = "constant"  # "constant" (the paper), "linear" or "cosine" to 0 over the budget (mtcommon.trainer)
     clip: float | None = None  # gradient-norm clipping threshold; 0: none
     sampled_softmax: int | None = None  # candidates per batch (Jean et al. 2015); 0: full softmax
     bucket: bool | None = None  # batches of equal-length pairs
@@ -70,6 +71,7 @@ class TrainConfig:
 
     def __post_init__(self):
         apply_recipe(self, RECIPES)
+        lr_factor(self.lr_schedule, 0.0)  # an unknown schedule is a UserError here
         if self.subwords and (self.src_vocab or self.tgt_vocab):
             raise UserError("--subwords sets both sides' unit counts: leave out --src-vocab and --tgt-vocab")
         if self.subword_corpus and not self.subwords:
