@@ -186,8 +186,8 @@ def string(model):
 
 
 def unknown_key(model):  # a config.json from another program or version: refused, not half-read
-    edit_config(model, dropout=0.1)
-    return [CONFIG, "unknown keys 'dropout'"]
+    edit_config(model, heads=4)
+    return [CONFIG, "unknown keys 'heads'"]
 
 
 def not_json(model):
