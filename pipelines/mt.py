@@ -459,7 +459,7 @@ def plot_tuners(curves: dict[str, dict[str, list[float]]], tuners: list[str], ou
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_xlabel("tuning iteration (1: the starting weights)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=len(tuners), loc="upper center", bbox_to_anchor=(0.5, -0.16))
+        ax.legend(fontsize=7, ncol=len(tuners), loc="upper center", bbox_to_anchor=(0.5, -0.2))
     axes[0][0].set_ylabel("dev BLEU (tokenized, lowercased)")
     fig.suptitle(textwrap.fill(title or "dev BLEU of each tuning iteration's 1-best output, by tuner", 120), fontsize=9)
     fig.tight_layout()
