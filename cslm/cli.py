@@ -77,6 +77,9 @@ def main():
               help="Stop after this many epochs without held-out improvement.")
 @click.option("--valid-fraction", type=Number(min=0, max=1), default=0.001, show_default=True,
               help="Share of sentences held out.")
+@click.option("--valid-text", type=click.Path(exists=True, dir_okay=False),
+              help="Measure held-out perplexity (early stopping, the best weights) on this tokenized text instead of "
+                   "the held-out sentences: text of the test's domain, such as the tuning set.")
 @click.option("--epoch-ngrams", type=click.IntRange(min=1), help="N-grams per epoch [one pass over the corpus].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, --dtype auto (see README).")
@@ -103,7 +106,7 @@ def main():
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
-def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, epoch_ngrams,
+def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, valid_text, epoch_ngrams,
           recipe, batch_size, dtype, optimizer, lr, lr_schedule, dropout, self_norm, objective, noise_samples, seed, device, threads, resume,
           quiet):
     """Train on CORPUS: tokenized text, one sentence per line, plain or gzip.
@@ -114,7 +117,7 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 
     cfg = TrainConfig(preset=preset, recipe=recipe, vocab_size=vocab_size, batch_size=batch_size, dtype=dtype,
                       optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, dropout=dropout, self_norm=self_norm, objective=objective,
-                      noise_samples=noise_samples, valid_fraction=valid_fraction,
+                      noise_samples=noise_samples, valid_fraction=valid_fraction, valid_text=valid_text,
                       patience=patience, max_epochs=max_epochs, max_minutes=max_minutes, epoch_ngrams=epoch_ngrams,
                       seed=seed, device=device, threads=threads)
     summary = run_train(corpus, model_dir, cfg, resume=resume, progress=not quiet)

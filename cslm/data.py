@@ -67,13 +67,14 @@ def build_vocab(counts: Counter, size: int) -> Vocabulary:
     return Vocabulary.build(counts, size, reserved=RESERVED)
 
 
-def heldout_ngrams(path: str, vocab: Vocabulary, heldout_lines: np.ndarray, order: int) -> np.ndarray:
-    held = set(heldout_lines.tolist())
+def heldout_ngrams(path: str, vocab: Vocabulary, heldout_lines: np.ndarray | None, order: int) -> np.ndarray:
+    """The n-grams of the sentences of `path` on `heldout_lines` (line numbers; None: every line)."""
+    held = None if heldout_lines is None else set(heldout_lines.tolist())
     bos, eos = vocab.index[BOS], vocab.index[EOS]
     rows = [
         sentence_ngrams(vocab.encode(line.split()), order, bos, eos)
         for ln, line in iter_lines(path)
-        if ln in held and line.strip()
+        if (held is None or ln in held) and line.strip()
     ]
     return np.concatenate(rows) if rows else np.zeros((0, order), np.int32)
 

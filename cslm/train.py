@@ -30,7 +30,10 @@ history, so that a decoder may use the unnormalised score (log Z ~ 0) and
 skip the softmax. 0 (the default) trains the plain normalised model; held-out
 perplexity is always measured with the exact softmax. The held-out set is 0.1% of
 the *sentences* (at least one), so no held-out n-gram shares a sentence with a
-training n-gram. An "epoch" is one pass over the training n-grams unless
+training n-gram; `valid_text` measures held-out perplexity on another text instead
+(the held-out sentences still stay out of training), so that early stopping and the
+best weights follow the test's domain: on the shared corpus, past about 7,000 updates
+the held-out sentences keep improving while the news test set gets worse (docs/cslm.md). An "epoch" is one pass over the training n-grams unless
 `epoch_ngrams` makes it shorter (useful on large corpora: evaluation,
 checkpointing and early stopping then happen every `epoch_ngrams` n-grams).
 """
@@ -74,6 +77,7 @@ class TrainConfig:
     objective: str = "softmax"  # "softmax" (the paper's cross-entropy) or "nce" (noise-contrastive estimation)
     noise_samples: int = 100  # k: noise words per update under "nce", shared by the batch's n-grams
     valid_fraction: float = 0.001
+    valid_text: str | None = None  # measure held-out perplexity here instead (text of the test's domain)
     patience: int = 10  # epochs without held-out improvement before stopping
     max_epochs: int = 100
     max_minutes: float | None = None
@@ -175,7 +179,12 @@ class NgramTrainer(Trainer):
             self.model_cfg.vocab_size = len(self.vocab)  # a small corpus may have fewer distinct words
             if self.dist.is_main:
                 modeldir.save_vocab(self.model_dir, self.vocab)
-        self.valid = heldout_ngrams(self.data, self.vocab, info.heldout_lines, self.model_cfg.order)
+        if cfg.valid_text:  # early stopping and the best weights follow the test's domain, not the corpus's
+            self.valid = heldout_ngrams(cfg.valid_text, self.vocab, None, self.model_cfg.order)
+            if not len(self.valid):
+                raise UserError(f"{cfg.valid_text}: no sentence to measure perplexity on")
+        else:
+            self.valid = heldout_ngrams(self.data, self.vocab, info.heldout_lines, self.model_cfg.order)
         per_pass = info.train_ngrams // cfg.batch_size
         if per_pass == 0:
             raise UserError(f"{self.data}: {info.train_ngrams} training n-grams, fewer than one batch of "
@@ -240,7 +249,7 @@ class NgramTrainer(Trainer):
 
     def describe(self) -> dict:
         return {"corpus": self.data, "sentences": self.info.lines, "train_ngrams": self.info.train_ngrams,
-                "valid_ngrams": int(len(self.valid))}
+                "valid_ngrams": int(len(self.valid)), "valid_text": self.cfg.valid_text}
 
 
 def train(corpus: str, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,

@@ -219,3 +219,26 @@ def test_dropout_acts_in_training_only_and_is_kept_in_the_model_config(corpus, t
                       device="cpu", dropout=0.2, dtype="fp32", threads=1)
     train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
     assert modeldir.load(str(tmp_path / "m")).config.dropout == 0.2
+
+
+def test_valid_text_decides_the_best_weights(corpus, tmp_path):
+    """With valid_text, held-out perplexity is the exact perplexity of that text's n-grams, and the weights kept
+    are those with the lowest of it."""
+    from cslm.train import heldout_nll
+    from mtcommon.errors import UserError
+
+    dev = synthetic_corpus(tmp_path / "dev.txt", sentences=30, seed=9)
+    cfg = TrainConfig(preset="tiny", vocab_size=60, max_epochs=3, valid_fraction=0.05, batch_size=64, device="cpu",
+                      dtype="fp32", threads=1, valid_text=str(dev))
+    s = train(str(corpus), str(tmp_path / "m"), cfg, progress=False)
+    loaded = modeldir.load(str(tmp_path / "m"))
+    grams = heldout_ngrams(str(dev), loaded.vocab, None, loaded.config.order)
+    assert s["valid_ngrams"] == len(grams) and s["valid_text"] == str(dev)
+    nll, n = heldout_nll(loaded.model, grams, "cpu")
+    assert np.exp(nll / n) == pytest.approx(s["best_valid_ppl"], rel=1e-4)
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(UserError, match="empty.txt: no sentence to measure perplexity on"):
+        train(str(corpus), str(tmp_path / "e"), TrainConfig(**{**cfg.__dict__, "valid_text": str(empty)}),
+              progress=False)
