@@ -94,8 +94,7 @@ class TrainConfig:
             raise UserError("--self-norm is a penalty on the softmax's ln Z; NCE self-normalises by itself: "
                             "give one of --objective nce and --self-norm")
         lr_factor(self.lr_schedule, 0.0)  # an unknown schedule is a UserError here
-        if not 0 <= self.dropout < 1:
-            raise UserError(f"dropout must be in [0, 1), not {self.dropout}")
+        preset_config(self.preset, self.vocab_size, self.dropout)  # the model's fields, checked before the data is read
         if self.noise_samples < 1:
             raise UserError(f"noise_samples must be at least 1, not {self.noise_samples}")
 

@@ -201,7 +201,7 @@ def test_dropout_acts_in_training_only_and_is_kept_in_the_model_config(corpus, t
 
     with pytest.raises(UserError, match=r"`dropout` must be a number in \[0, 1\), not 1.0"):
         CSLMConfig(dropout=1.0)
-    with pytest.raises(UserError, match=r"dropout must be in \[0, 1\), not -0.1"):
+    with pytest.raises(UserError, match=r"`dropout` must be a number in \[0, 1\), not -0.1"):
         TrainConfig(dropout=-0.1)
     torch.manual_seed(0)
     plain = CSLM(preset_config("tiny", 60))

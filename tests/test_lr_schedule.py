@@ -20,6 +20,17 @@ def test_lr_factor_follows_its_formulas(progress, linear, cosine):
     assert lr_factor("cosine", progress) == pytest.approx(cosine)
 
 
+def test_the_command_lines_offer_the_loops_schedules():
+    from mtcommon.cliutil import LR_SCHEDULE
+    from mtcommon.trainer import LR_SCHEDULES
+
+    @LR_SCHEDULE
+    def command(lr_schedule):
+        pass
+
+    assert tuple(command.__click_params__[0].type.choices) == LR_SCHEDULES
+
+
 def test_an_unknown_schedule_is_refused_by_both_trainers():
     from cslm.train import TrainConfig as NgramConfig
     from moses_rnn.training.train import TrainConfig as PairConfig
