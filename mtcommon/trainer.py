@@ -310,8 +310,7 @@ class Trainer(ABC):
             loop = self.checkpoint.loop
         for group in optimizer.param_groups:  # the rate a schedule scales: as built, or as a resumed run's
             group.setdefault("initial_lr", group["lr"])  # optimiser state brings it back
-        lr_schedule = getattr(cfg, "lr_schedule", "constant")
-        lr_factor(lr_schedule, 0.0)  # an unknown schedule stops the run here
+        lr_schedule = getattr(cfg, "lr_schedule", "constant")  # checked by the training configs
         objective = self.build_objective(model)
         first: dict = {}  # the batch of the run's first step, fetched once for the dtype probe and that step
 
