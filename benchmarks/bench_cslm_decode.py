@@ -28,7 +28,19 @@ requests, evaluated n-grams and cache hits per sentence (the feature's stats=1
 lines). Server rows use --slow-sentences sentences when that is fewer (the
 per-hypothesis mode can be thousands of times slower). Needs a Moses built with
 cslm/moses/add-to-moses.sh: without MOSES the decoding rows are skipped with
-the reason. Target: CSLM decode <= 3x the baseline's time.
+the reason. Targets: in process <= 3x the baseline's time, through the server
+under cube pruning <= 5x.
+
+The server runs where `--server-device` says (auto: a GPU when there is one),
+the decoder on the CPU. Each server row starts its own server (no row finds
+another's n-grams in the server's cache) and first decodes --warmup sentences
+from the end of the test set untimed. `--system DIR` measures another system
+laid out like the shared one (for instance a copy on a GPU machine, with
+--work holding the table already filtered). `--decoder-cpus` and
+`--server-cpus` keep Moses and the server on given cores (a 2-core decoder
+beside a GPU server, say), and `--cube-threads` tries more decoder threads
+than cores, which hides round trips; each such row's ratio is to the fastest
+baseline at those thread counts.
 """
 
 from __future__ import annotations
@@ -73,11 +85,11 @@ def filter_table(table: Path, sentences: list[str], out: Path, max_len: int = 7)
     return kept
 
 
-def moses_ini(path: Path, table: Path, cslm_line: str | None) -> None:
+def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | None) -> None:
     """The shared system's moses.ini without lexicalized reordering, absolute paths, plus the CSLM line."""
     features = ["UnknownWordPenalty", "WordPenalty", "PhrasePenalty",
                 f"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={table} input-factor=0 output-factor=0",
-                "Distortion", f"KENLM name=LM0 factor=0 path={SYSTEM / 'lm.fr.5.arpa.gz'} order=5"]
+                "Distortion", f"KENLM name=LM0 factor=0 path={lm.resolve()} order=5"]
     weights = ["UnknownWordPenalty0= 1", "WordPenalty0= -1", "PhrasePenalty0= 0.2",
                "TranslationModel0= 0.2 0.2 0.2 0.2", "Distortion0= 0.3", "LM0= 0.5"]
     if cslm_line:
@@ -90,10 +102,27 @@ def moses_ini(path: Path, table: Path, cslm_line: str | None) -> None:
 STATS = re.compile(r"CSLM0: sentence \d+: requests (\d+), n-grams evaluated (\d+), cache hits (\d+), hidden layers computed (\d+)")
 
 
-def decode(moses: Path, ini: Path, text: str, flags: list[str], threads: int) -> tuple[float, str]:
+def pinned(cpus: set[int] | None):
+    """A preexec_fn that keeps a child process on `cpus` (None: anywhere)."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+def parse_cpus(text: str | None) -> set[int] | None:
+    """"0,1" or "0-3,8" -> {0, 1} / {0, 1, 2, 3, 8}; None stays None."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def decode(moses: Path, ini: Path, text: str, flags: list[str], threads: int,
+           cpus: set[int] | None = None) -> tuple[float, str]:
     t = time.perf_counter()
     r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", str(threads), *flags],
-                       input=text, capture_output=True, text=True)
+                       input=text, capture_output=True, text=True, preexec_fn=pinned(cpus))
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise SystemExit(f"moses failed on {ini}:\n{r.stderr[-3000:]}")
@@ -109,12 +138,15 @@ def free_port() -> int:
 class Server:
     """`cslm serve MODEL` on a free port for the duration of a `with` block."""
 
-    def __init__(self, model: str, self_normalized: bool, threads: int):
+    def __init__(self, model: str, self_normalized: bool, threads: int, device: str = "auto",
+                 cpus: set[int] | None = None):
         self.port = free_port()
-        args = [sys.executable, "-m", "cslm.cli", "serve", model, "--port", str(self.port), "--threads", str(threads)]
+        args = [sys.executable, "-m", "cslm.cli", "serve", model, "--port", str(self.port), "--threads", str(threads),
+                "--device", device]
         if self_normalized:
             args.append("--self-normalized")
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=pinned(cpus))
 
     def __enter__(self):
         for _ in range(600):
@@ -130,17 +162,27 @@ class Server:
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(60)
+        # the server's own account of the row: requests, n-grams and its latency per request (p50, p99)
+        lines = [ln for ln in self.proc.stderr.read().splitlines() if ln.startswith("cslm: server stopped")]
+        self.summary = lines[-1][len("cslm: "):] if lines else None
 
 
-def run_row(name, moses, ini, lines, flags, threads, baseline=None, repeats=1):
+def warm_up(moses: Path, ini: Path, lines: list[str], flags: list[str], threads: int,
+            cpus: set[int] | None = None) -> None:
+    """Decode a few sentences untimed, so that a server's first batches (CUDA's start-up) fall outside the rows."""
+    if lines:
+        decode(moses, ini, "\n".join(lines) + "\n", flags, threads, cpus)
+
+
+def run_row(name, moses, ini, lines, flags, threads, baseline=None, repeats=1, cpus=None):
     text = "\n".join(lines) + "\n"
-    load, _ = decode(moses, ini, "", flags, threads)
+    load, _ = decode(moses, ini, "", flags, threads, cpus)
     walls, log = [], ""
     for _ in range(repeats):
-        wall, log = decode(moses, ini, text, flags, threads)
+        wall, log = decode(moses, ini, text, flags, threads, cpus)
         walls.append(wall)
     seconds = max(statistics.median(walls) - load, 1e-9)
-    row = {"sentences": len(lines), "load_seconds": round(load, 2), "decode_seconds": round(seconds, 2),
+    row = {"sentences": len(lines), "threads": threads, "load_seconds": round(load, 2), "decode_seconds": round(seconds, 2),
            "seconds_per_sentence": round(seconds / len(lines), 4)}
     stats = [tuple(map(int, m.groups())) for m in STATS.finditer(log)]
     if stats:
@@ -168,10 +210,26 @@ def main() -> None:
                     help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
                          "and the factor its reach grows by past a miss)")
     ap.add_argument("--work", help="keep the filtered table here (reused when present)")
+    ap.add_argument("--system", type=Path, default=SYSTEM,
+                    help="a folder with phrase-table.gz, lm.fr.5.arpa.gz and test.tok.en [the shared system]; "
+                         "phrase-table.gz may be absent when --work holds the filtered table")
+    ap.add_argument("--server-device", default="auto", help="`cslm serve --device` for the server rows [auto: "
+                                                            "cuda when there is one]")
+    ap.add_argument("--server-threads", type=int, help="`cslm serve --threads` [--threads]")
+    ap.add_argument("--cube-threads", type=int, nargs="+", metavar="N",
+                    help="decoder threads of the server-cube rows, one row per N and cube [--threads]; a baseline "
+                         "row is measured at each N too, and the ratios are to the fastest baseline. More threads "
+                         "than cores hide a server's round trips")
+    ap.add_argument("--decoder-cpus", help="keep Moses on these CPUs (\"0,1\" or \"0-3\"), baseline rows included")
+    ap.add_argument("--server-cpus", help="keep `cslm serve` on these CPUs")
+    ap.add_argument("--warmup", type=int, default=5,
+                    help="sentences decoded untimed before each server's first row (the GPU's first kernels)")
     ap.add_argument("--quick", action="store_true", help="50 sentences, 10 for the server rows")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
-    require_shared()
+    if args.system == SYSTEM:
+        require_shared()
+    system, lm = args.system, args.system / "lm.fr.5.arpa.gz"
     if args.quick:
         args.sentences, args.slow_sentences = 50, 10
     report: dict = {"model": os.path.basename(os.path.normpath(args.model)), "threads": args.threads}
@@ -184,64 +242,89 @@ def main() -> None:
     meta = json.loads((Path(args.model) / "config.json").read_text()).get("meta", {})
     self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0
     report["self_normalized"] = self_norm
+    report["server_device"] = args.server_device
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-cslm-decode-"))
     work.mkdir(parents=True, exist_ok=True)
-    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
+    every = (system / "test.tok.en").read_text(encoding="utf-8").splitlines()
+    lines = every[: args.sentences]
+    warm = every[len(lines):][-args.warmup:] if args.warmup else []  # sentences outside the timed ones
     table = work / f"phrase-table.first{args.sentences}.gz"
     if not table.exists():
+        if not (system / "phrase-table.gz").exists():
+            raise SystemExit(f"bench_cslm_decode: neither {table} nor {system / 'phrase-table.gz'} exists")
         t = time.perf_counter()
-        report["filtered_table_lines"] = filter_table(SYSTEM / "phrase-table.gz", lines, table)
+        report["filtered_table_lines"] = filter_table(system / "phrase-table.gz", lines, table)
         report["filter_seconds"] = round(time.perf_counter() - t, 1)
 
     rows: dict = {}
     base_ini = work / "baseline.ini"
-    moses_ini(base_ini, table, None)
-    rows["baseline"] = run_row("baseline", moses, base_ini, lines, PIPELINE_FLAGS, args.threads, repeats=args.repeats)
+    moses_ini(base_ini, table, lm, None)
+    dcpus, scpus = parse_cpus(args.decoder_cpus), parse_cpus(args.server_cpus)
+    report["decoder_cpus"], report["server_cpus"] = args.decoder_cpus, args.server_cpus
+    rows["baseline"] = run_row("baseline", moses, base_ini, lines, PIPELINE_FLAGS, args.threads,
+                               repeats=args.repeats, cpus=dcpus)
+    cube_threads = args.cube_threads or [args.threads]
+    fastest = rows["baseline"]
+    if "server-cube" in args.modes:
+        for t in sorted(set(cube_threads) - {args.threads}):
+            row = rows[f"baseline_threads_{t}"] = run_row(f"baseline, {t} threads", moses, base_ini, lines,
+                                                          PIPELINE_FLAGS, t, repeats=args.repeats, cpus=dcpus)
+            if row["seconds_per_sentence"] < fastest["seconds_per_sentence"]:
+                fastest = row
     slow = lines[: args.slow_sentences]
     if any(m.endswith("buffered") for m in args.modes):
         rows["baseline_normal_search"] = run_row("baseline, normal search", moses, base_ini, lines, NORMAL_FLAGS,
-                                                 args.threads, repeats=args.repeats)
+                                                 args.threads, repeats=args.repeats, cpus=dcpus)
     local = f"CSLM name=CSLM0 path={os.path.abspath(args.model)} stats=1"
     if "local" in args.modes:
         ini = work / "cslm-local.ini"
-        moses_ini(ini, table, local)
+        moses_ini(ini, table, lm, local)
         rows["cslm_in_process"] = run_row("in process", moses, ini, lines, PIPELINE_FLAGS, args.threads,
-                                          rows["baseline"], args.repeats)
+                                          rows["baseline"], args.repeats, dcpus)
     if "local-buffered" in args.modes:
         ini = work / "cslm-local-buffered.ini"
-        moses_ini(ini, table, local + " buffer=4096")
+        moses_ini(ini, table, lm, local + " buffer=4096")
         rows["cslm_in_process_buffered"] = run_row("in process, buffered", moses, ini, lines, NORMAL_FLAGS,
-                                                   args.threads, rows["baseline_normal_search"], args.repeats)
+                                                   args.threads, rows["baseline_normal_search"], args.repeats, dcpus)
     if "server-cube" in args.modes:
-        with Server(args.model, self_norm, args.threads) as server:
-            line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 buffer=4096"
-            for cube in args.cubes:
-                corner, _, ahead = cube.partition(":")
-                ini = work / f"cslm-server-cube-{corner}-{ahead}.ini"
-                moses_ini(ini, table, f"{line} corner={corner} ahead={ahead or corner}")
-                rows[f"cslm_server_buffered_cube_{corner}_{ahead or corner}"] = run_row(
-                    f"server, buffered, cube pruning, corner {corner}, ahead {ahead or corner}", moses, ini, slow,
-                    PIPELINE_FLAGS, args.threads, rows["baseline"])
+        for cube in args.cubes:
+            corner, _, ahead = cube.partition(":")
+            ahead = ahead or corner
+            for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
+                with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,
+                            scpus) as server:
+                    line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 buffer=4096"
+                    ini = work / f"cslm-server-cube-{corner}-{ahead}.ini"
+                    moses_ini(ini, table, lm, f"{line} corner={corner} ahead={ahead}")
+                    warm_up(moses, ini, warm, PIPELINE_FLAGS, t, dcpus)
+                    key = f"cslm_server_buffered_cube_{corner}_{ahead}" + (f"_threads_{t}" if t != args.threads else "")
+                    row = rows[key] = run_row(f"server, buffered, cube pruning, corner {corner}, ahead {ahead}, "
+                                              f"{t} threads", moses, ini, slow, PIPELINE_FLAGS, t, fastest, 1, dcpus)
+                row["server"] = server.summary  # warm-up and load included
     for mode in ("server-buffered", "server"):
         if mode not in args.modes:
             continue
-        with Server(args.model, self_norm, args.threads) as server:
+        with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device, scpus) as server:
             line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1"
             ini = work / f"cslm-{mode}.ini"
             if mode == "server-buffered":
-                moses_ini(ini, table, line + " buffer=4096")
+                moses_ini(ini, table, lm, line + " buffer=4096")
+                warm_up(moses, ini, warm, NORMAL_FLAGS, args.threads, dcpus)
                 rows["cslm_server_buffered"] = run_row("server, buffered", moses, ini, lines, NORMAL_FLAGS,
-                                                       args.threads, rows["baseline_normal_search"])
+                                                       args.threads, rows["baseline_normal_search"], 1, dcpus)
             else:
-                moses_ini(ini, table, line)
+                moses_ini(ini, table, lm, line)
+                warm_up(moses, ini, warm[:2], PIPELINE_FLAGS, args.threads, dcpus)
                 rows["cslm_server_per_hypothesis"] = run_row("server, per hypothesis", moses, ini, slow,
-                                                             PIPELINE_FLAGS, args.threads, rows["baseline"])
+                                                             PIPELINE_FLAGS, args.threads, rows["baseline"], 1, dcpus)
+        rows["cslm_server_buffered" if mode == "server-buffered" else "cslm_server_per_hypothesis"]["server"] = \
+            server.summary
     report["rows"] = rows
     ratios = [r["ratio_to_baseline"] for r in rows.values() if "ratio_to_baseline" in r]
     if ratios:
         report["best_ratio_to_baseline"] = min(ratios)
-        report["target"] = "<= 3x the baseline's time"
+        report["target"] = "in process <= 3x the baseline's time; server, cube pruning <= 5x"
     emit(report, args.json)
 
 
