@@ -220,10 +220,11 @@ def main() -> None:
                     help="decoder threads of the server-cube rows, one row per N and cube [--threads]; a baseline "
                          "row is measured at each N too, and the ratios are to the fastest baseline. More threads "
                          "than cores hide a server's round trips")
-    ap.add_argument("--decoder-cpus", help="keep Moses on these CPUs (\"0,1\" or \"0-3\"), baseline rows included")
-    ap.add_argument("--server-cpus", help="keep `cslm serve` on these CPUs")
+    ap.add_argument("--decoder-cpus", type=parse_cpus,
+                    help="keep Moses on these CPUs (\"0,1\" or \"0-3\"), baseline rows included")
+    ap.add_argument("--server-cpus", type=parse_cpus, help="keep `cslm serve` on these CPUs")
     ap.add_argument("--warmup", type=int, default=5,
-                    help="sentences decoded untimed before each server's first row (the GPU's first kernels)")
+                    help="sentences decoded untimed before each server row (the GPU's first kernels)")
     ap.add_argument("--quick", action="store_true", help="50 sentences, 10 for the server rows")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
@@ -260,8 +261,8 @@ def main() -> None:
     rows: dict = {}
     base_ini = work / "baseline.ini"
     moses_ini(base_ini, table, lm, None)
-    dcpus, scpus = parse_cpus(args.decoder_cpus), parse_cpus(args.server_cpus)
-    report["decoder_cpus"], report["server_cpus"] = args.decoder_cpus, args.server_cpus
+    dcpus, scpus = args.decoder_cpus, args.server_cpus
+    report["decoder_cpus"], report["server_cpus"] = (sorted(c) if c else None for c in (dcpus, scpus))
     rows["baseline"] = run_row("baseline", moses, base_ini, lines, PIPELINE_FLAGS, args.threads,
                                repeats=args.repeats, cpus=dcpus)
     cube_threads = args.cube_threads or [args.threads]

@@ -78,3 +78,9 @@ def test_a_missing_table_is_one_line_naming_both_files(tmp_path):
     assert r.returncode != 0
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
     assert "phrase-table.first1.gz" in r.stderr and str(system / "phrase-table.gz") in r.stderr
+
+
+def test_a_bad_cpu_list_is_a_usage_error(tmp_path):
+    r = _run(tmp_path, tmp_path / "model", "--system", tmp_path, "--decoder-cpus", "0,x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--decoder-cpus" in r.stderr.splitlines()[-1]
