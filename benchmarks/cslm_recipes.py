@@ -1,4 +1,4 @@
-"""CSLM training recipes side by side at the same number of updates, chosen by held-out perplexity.
+"""CSLM training recipes side by side at the same number of updates, chosen by dev or held-out perplexity.
 
     python benchmarks/cslm_recipes.py CORPUS TEST -o OUT [--updates 7000] [--jobs 4] [--device cuda]
         [--dev DEV] [--kenlm LM] [--recipe NAME='--lr 2e-3 --lr-schedule linear' ...] [--only NAME ...]
@@ -48,37 +48,34 @@ RECIPES: dict[str, str] = {
 }
 
 
-def cslm_command() -> list[str]:
-    return [sys.executable, "-m", "cslm.cli"]
+class _Failed(Exception):
+    """A `cslm` command of a recipe failed; its last stderr line."""
+
+
+def _cslm(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "cslm.cli", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise _Failed(done.stderr.strip().splitlines()[-1:])
+    return done
 
 
 def run_recipe(name: str, extra: str, a) -> dict:
     """Train and evaluate one recipe; the row of the report."""
     out = os.path.join(a.output, name)
     epochs = -(-a.updates // a.eval_every)
-    train = [*cslm_command(), "train", a.corpus, "-o", out, "--preset", a.preset, *BASE_ARGS,
-             "--epoch-ngrams", str(a.eval_every * a.batch_size), "--batch-size", str(a.batch_size),
-             "--max-epochs", str(epochs), "--patience", str(epochs + 1), "--device", a.device,
-             "--threads", str(a.threads), "--seed", str(a.seed), "--quiet", *shlex.split(extra)]
+    opts = ["--device", a.device, "--threads", str(a.threads), "--quiet"]
     t0 = time.perf_counter()
-    done = subprocess.run(train, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"recipe": name, "args": extra, "error": done.stderr.strip().splitlines()[-1:]}
-    summary = json.loads(done.stderr[done.stderr.index("{"):])
-    seconds = time.perf_counter() - t0
-    def evaluate(text: str, kenlm: str | None = None) -> list[str]:
-        return [*cslm_command(), "eval", out, text, "--device", a.device, "--threads", str(a.threads), "--quiet",
-                *(["--kenlm", kenlm] if kenlm else [])]
-    done = subprocess.run(evaluate(a.test, a.kenlm), capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"recipe": name, "args": extra, "error": done.stderr.strip().splitlines()[-1:]}
-    res = json.loads(done.stdout)
-    dev = None
-    if a.dev:
-        done = subprocess.run(evaluate(a.dev), capture_output=True, text=True)
-        if done.returncode != 0:
-            return {"recipe": name, "args": extra, "error": done.stderr.strip().splitlines()[-1:]}
-        dev = json.loads(done.stdout)
+    try:
+        done = _cslm("train", a.corpus, "-o", out, "--preset", a.preset, *BASE_ARGS,
+                     "--epoch-ngrams", str(a.eval_every * a.batch_size), "--batch-size", str(a.batch_size),
+                     "--max-epochs", str(epochs), "--patience", str(epochs + 1), "--seed", str(a.seed), *opts,
+                     *shlex.split(extra))
+        summary = json.loads(done.stderr[done.stderr.index("{"):])
+        seconds = time.perf_counter() - t0
+        res = json.loads(_cslm("eval", out, a.test, *opts, *(["--kenlm", a.kenlm] if a.kenlm else [])).stdout)
+        dev = json.loads(_cslm("eval", out, a.dev, *opts).stdout) if a.dev else None
+    except _Failed as e:
+        return {"recipe": name, "args": extra, "error": e.args[0]}
     history = summary["valid_ppl_history"]
     row = {"recipe": name, "args": extra, "updates": summary["steps"], "wall_seconds": round(seconds, 1),
            "train_seconds": summary["train_seconds"], "best_heldout_ppl": round(summary["best_valid_ppl"], 2),
