@@ -28,7 +28,7 @@ def local_exe(tmp_path_factory):
         pytest.skip("no C++ compiler")
     exe = tmp_path_factory.mktemp("cslm-local") / "cslm_local_test"
     subprocess.run([cxx, "-std=c++11", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
-                    str(CPP / "cslm_local.cc"), str(CPP / "cslm_local_test.cc")], check=True, timeout=180)
+                    str(CPP / "cslm_local.cc"), str(CPP / "cslm_json.cc"), str(CPP / "cslm_local_test.cc")], check=True, timeout=180)
     return exe
 
 

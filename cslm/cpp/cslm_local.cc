@@ -1,6 +1,8 @@
 // cslm_local.cc -- see cslm_local.h.
 #include "cslm_local.h"
 
+#include "cslm_json.h"
+
 #include <stdlib.h>
 
 #include <algorithm>
@@ -38,26 +40,6 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
-// The number after `"key":` in a JSON text (the first occurrence), or `missing`.
-double JsonNumber(const std::string& json, const std::string& key, double missing) {
-  const std::string pat = "\"" + key + "\"";
-  size_t at = json.find(pat);
-  while (at != std::string::npos) {
-    size_t p = at + pat.size();
-    while (p < json.size() && (json[p] == ' ' || json[p] == '\n' || json[p] == '\t' || json[p] == '\r')) ++p;
-    if (p < json.size() && json[p] == ':') {
-      ++p;
-      const char* start = json.c_str() + p;
-      char* end = 0;
-      const double v = strtod(start, &end);
-      if (end != start) return v;
-      return missing;  // null or another type
-    }
-    at = json.find(pat, at + 1);
-  }
-  return missing;
-}
-
 // One tensor of a safetensors file: dtype, shape, byte range of the data.
 struct TensorInfo {
   std::string dtype;
@@ -65,43 +47,31 @@ struct TensorInfo {
   size_t begin, end;
 };
 
-// Parses the entry `"name": {"dtype": ..., "shape": [...], "data_offsets": [a, b]}`
-// of a safetensors header. Returns false if the name is absent.
-bool FindTensor(const std::string& header, const std::string& name, TensorInfo* t, const std::string& file) {
-  const size_t at = header.find("\"" + name + "\"");
-  if (at == std::string::npos) return false;
-  const size_t open = header.find('{', at);
-  const size_t close = header.find('}', open);
-  if (open == std::string::npos || close == std::string::npos) throw Fail(file, "malformed header at " + name);
-  const std::string obj = header.substr(open, close - open + 1);
-  const size_t d = obj.find("\"dtype\"");
-  if (d == std::string::npos) throw Fail(file, name + " has no dtype");
-  const size_t q1 = obj.find('"', obj.find(':', d) + 1);
-  const size_t q2 = obj.find('"', q1 + 1);
-  t->dtype = obj.substr(q1 + 1, q2 - q1 - 1);
-  std::vector<double> nums[2];
-  const char* keys[2] = {"\"shape\"", "\"data_offsets\""};
-  for (int k = 0; k < 2; ++k) {
-    const size_t s = obj.find(keys[k]);
-    if (s == std::string::npos) throw Fail(file, name + " has no " + keys[k]);
-    size_t p = obj.find('[', s) + 1;
-    const size_t e = obj.find(']', p);
-    while (p < e) {
-      const char* start = obj.c_str() + p;
-      char* end = 0;
-      const double v = strtod(start, &end);
-      if (end == start) {
-        ++p;
-        continue;
-      }
-      nums[k].push_back(v);
-      p = end - obj.c_str();
-    }
-  }
-  if (nums[1].size() != 2) throw Fail(file, name + ": data_offsets must have two numbers");
-  t->shape.assign(nums[0].begin(), nums[0].end());
-  t->begin = static_cast<size_t>(nums[1][0]);
-  t->end = static_cast<size_t>(nums[1][1]);
+// A whole number >= 0 from a JSON value, or a one-line error naming the file and what it is.
+size_t WholeNumber(const Json& v, const std::string& file, const std::string& what) {
+  if (!v.is_number() || v.number() < 0 || v.number() != static_cast<double>(static_cast<size_t>(v.number())))
+    throw Fail(file, what + " is not a whole number >= 0");
+  return static_cast<size_t>(v.number());
+}
+
+// The entry `"name": {"dtype": ..., "shape": [...], "data_offsets": [a, b]}` of a
+// safetensors header. Returns false if the name is absent.
+bool FindTensor(const Json& header, const std::string& name, TensorInfo* t, const std::string& file) {
+  const Json* entry = header.Find(name);
+  if (!entry) return false;
+  const Json* dtype = entry->Find("dtype");
+  const Json* shape = entry->Find("shape");
+  const Json* offsets = entry->Find("data_offsets");
+  if (!dtype || !dtype->is_string()) throw Fail(file, name + " has no dtype");
+  if (!shape || !shape->is_array()) throw Fail(file, name + " has no shape");
+  if (!offsets || !offsets->is_array() || offsets->array().size() != 2)
+    throw Fail(file, name + ": data_offsets must have two numbers");
+  t->dtype = dtype->string();
+  t->shape.clear();
+  for (size_t i = 0; i < shape->array().size(); ++i)
+    t->shape.push_back(WholeNumber(shape->array()[i], file, name + "'s shape"));
+  t->begin = WholeNumber(offsets->array()[0], file, name + "'s data_offsets");
+  t->end = WholeNumber(offsets->array()[1], file, name + "'s data_offsets");
   return true;
 }
 
@@ -113,7 +83,8 @@ class SafeTensors {
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(blob_[i]);
     if (n > blob_.size() - 8) throw Fail(path, "header length beyond the end of the file (truncated?)");
-    header_ = blob_.substr(8, n);
+    header_ = Json::Parse(blob_.substr(8, n), path);
+    if (!header_.is_object()) throw Fail(path, "the header is not a JSON object");
     data_ = 8 + n;
   }
   bool Has(const std::string& name) const {
@@ -136,7 +107,8 @@ class SafeTensors {
   }
 
  private:
-  std::string path_, blob_, header_;
+  std::string path_, blob_;
+  Json header_;
   size_t data_;
 };
 
@@ -240,28 +212,40 @@ void Relu(size_t n, float* x) {
 
 }  // namespace
 
+std::vector<std::string> ReadVocabulary(const std::string& path) {
+  std::ifstream in(path.c_str());
+  if (!in) throw Fail(path, "cannot read");
+  std::vector<std::string> words;
+  std::string line;
+  while (std::getline(in, line)) words.push_back(line.substr(0, line.find('\t')));
+  return words;
+}
+
 LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab";
-  const std::string cfg = ReadFile(cfg_path);
-  if (cfg.find("\"format\": \"cslm\"") == std::string::npos && cfg.find("\"format\":\"cslm\"") == std::string::npos)
+  const Json cfg = Json::Parse(ReadFile(cfg_path), cfg_path);
+  const Json* format = cfg.Find("format");
+  if (!format || !format->is_string() || format->string() != "cslm")
     throw Fail(cfg_path, "not a CSLM model directory (format is not \"cslm\")");
-  const double order = JsonNumber(cfg, "order", -1);
-  self_norm_ = JsonNumber(cfg, "self_norm", 0);
+  const Json* model = cfg.Find("model");
+  const Json* order = model ? model->Find("order") : 0;
+  if (!order || !order->is_number() || order->number() < 2 || order->number() > 64 ||
+      order->number() != static_cast<unsigned>(order->number()))
+    throw Fail(cfg_path, "no valid \"order\" in \"model\"");
+  order_ = static_cast<unsigned>(order->number());
+  const Json* meta = cfg.Find("meta");
+  const Json* train = meta ? meta->Find("train_config") : 0;
+  const Json* self_norm = train ? train->Find("self_norm") : 0;
+  const Json* objective = train ? train->Find("objective") : 0;
+  self_norm_ = self_norm && self_norm->is_number() ? self_norm->number() : 0;
   // trained by noise-contrastive estimation (cslm train --objective nce): self-normalised as well
-  nce_ = cfg.find("\"objective\": \"nce\"") != std::string::npos || cfg.find("\"objective\":\"nce\"") != std::string::npos;
-  if (order < 2) throw Fail(cfg_path, "no valid \"order\"");
-  order_ = static_cast<unsigned>(order);
+  nce_ = objective && objective->is_string() && objective->string() == "nce";
 
-  {  // the shortlist: `word<TAB>count` per line, in id order
-    std::ifstream in(voc_path.c_str());
-    if (!in) throw Fail(voc_path, "cannot read");
-    std::string line;
+  words_ = ReadVocabulary(voc_path);
+  {
     std::map<std::string, uint32_t> special;
-    while (std::getline(in, line)) {
-      const std::string w = line.substr(0, line.find('\t'));
-      if (w == "<s>" || w == "</s>" || w == "[UNK]") special[w] = static_cast<uint32_t>(words_.size());
-      words_.push_back(w);
-    }
+    for (size_t i = 0; i < words_.size(); ++i)
+      if (words_[i] == "<s>" || words_[i] == "</s>" || words_[i] == "[UNK]") special[words_[i]] = static_cast<uint32_t>(i);
     if (special.size() != 3) throw Fail(voc_path, "must hold <s>, </s> and [UNK]");
     bos_ = special["<s>"];
     eos_ = special["</s>"];

@@ -41,6 +41,10 @@
 
 namespace cslm {
 
+// The words of a model directory's cslm.vocab (`word<TAB>count` per line), in
+// id order; throws std::runtime_error("FILE: cannot read").
+std::vector<std::string> ReadVocabulary(const std::string& path);
+
 class LocalModel {
  public:
   // Per-thread working memory for Score (grown on demand), and a direct-mapped

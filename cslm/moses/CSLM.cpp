@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -13,8 +12,7 @@
 #include <boost/scoped_ptr.hpp>
 
 #include "CSLMBuffer.h"
-#include "cslm_client.h"
-#include "cslm_local.h"
+#include "cslm_backend.h"
 #include "cslm_ngrams.h"
 #include "moses/Factor.h"
 #include "moses/Hypothesis.h"
@@ -38,10 +36,9 @@ bool CSLMState::operator==(const FFState& other) const {
 }
 
 struct CSLM::ThreadData {
-  ThreadData(size_t cache_size, size_t buffer)
-      : cache(cache_size), queued_set(buffer + 1), requests(0), evaluated(0), hits(0) {}
-  boost::scoped_ptr<cslm::Client> client;  // server mode
-  cslm::LocalModel::Scratch scratch;       // in process
+  ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer)
+      : session(s), cache(cache_size), queued_set(buffer + 1), hits(0) {}
+  boost::scoped_ptr<cslm::Backend::Session> session;  // evaluates, in process or through a server
   cslm::NgramCache cache;
   boost::unordered_map<const Factor*, uint32_t> ids;  // this thread's word -> id memo
   std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request
@@ -49,7 +46,7 @@ struct CSLM::ThreadData {
   std::vector<uint32_t> phrase_ids, ngrams, next;  // EvaluateWhenApplied's working memory
   std::vector<uint32_t> queue_ids, queue_ngrams, queue_next;  // QueueNgrams's
   std::vector<float> lp, scores;
-  size_t requests, evaluated, hits;        // this sentence's (stats=1)
+  size_t hits;                             // this sentence's cache hits (stats=1)
 };
 
 CSLM::CSLM(const std::string& line)
@@ -145,68 +142,54 @@ void CSLM::Load(AllOptions::ptr const& opts) {
     if (stateful[i] == this) m_stateIndex = static_cast<int>(i);
   UTIL_THROW_IF2(m_stateIndex < 0, who << ": not among the stateful features");
 
-  std::vector<std::string> words;
-  std::ostringstream where;
+  std::string where, model;  // for the log line below
+  bool self_normalized = false;
   if (m_port == -1) {  // in process: the model directory's weights
-    where << m_path << " (in process)";
     try {
-      m_local_model.reset(new cslm::LocalModel(m_path));
+      cslm::LocalBackend* local = new cslm::LocalBackend(m_path, m_selfNorm, m_historyCache, m_floor);
+      m_backend.reset(local);
+      self_normalized = local->self_normalized();
+      if (self_normalized && !local->model().self_normalized())
+        std::cerr << who << ": warning: self-normalized=true but " << m_path
+                  << " was trained without --self-norm or --objective nce: its o_w are not log-probabilities"
+                  << std::endl;
+      std::ostringstream m;
+      m << ", " << (self_normalized ? "self-normalised (o_w)" : "exact softmax") << ", premultiplied tables "
+        << local->model().table_bytes() / (1 << 20) << " MiB";
+      model = m.str();
     } catch (const std::exception& e) {
       UTIL_THROW2(who << ": cannot load the CSLM: " << e.what());
     }
-    const cslm::LocalModel& lm = *m_local_model;
-    m_order = lm.order();
-    m_bos = lm.bos_id();
-    m_eos = lm.eos_id();
-    m_unk = lm.unk_id();
-    words = lm.vocabulary();
-    if (m_selfNorm == -1) m_selfNorm = lm.self_normalized();
-    if (m_selfNorm && !lm.self_normalized())
-      std::cerr << who << ": warning: self-normalized=true but " << m_path
-                << " was trained without --self-norm or --objective nce: its o_w are not log-probabilities" << std::endl;
     m_prefetch = 0;  // no round trips to fill
     if (m_futureCost == -1) m_futureCost = 1;
   } else {
     UTIL_THROW_IF2(m_futureCost == 1, who << ": future-cost=true scores every target phrase on its own, one "
                                              "request each: in process only (give path= without port=)");
     m_futureCost = 0;
-    where << m_host << ":" << m_port;
     try {
-      cslm::Client client(m_host, static_cast<uint16_t>(m_port), m_timeout);
-      m_order = client.order();
-      m_bos = client.bos_id();
-      m_eos = client.eos_id();
-      m_unk = client.unk_id();
-      m_checksum = client.checksum();
-      words = client.vocabulary();
-    } catch (const std::exception& e) {
-      UTIL_THROW2(who << ": cannot use the CSLM server at " << where.str() << ": " << e.what()
+      cslm::ServerBackend* server = new cslm::ServerBackend(m_host, static_cast<uint16_t>(m_port), m_timeout,
+                                                            m_retries, m_floor, m_path, &std::cerr, who);
+      m_backend.reset(server);
+      model = ", checksum " + server->checksum().substr(0, 12);
+    } catch (const cslm::Error& e) {  // cannot reach it, or it does not speak the protocol
+      UTIL_THROW2(who << ": cannot use the CSLM server at " << m_host << ":" << m_port << ": " << e.what()
                       << "\n  Start it first: cslm serve MODEL_DIR --port " << m_port
                       << " (and check host=/port= on the CSLM line of moses.ini)");
+    } catch (const std::exception& e) {  // it serves another model, or path= is no model directory
+      UTIL_THROW2(who << ": " << e.what() << " (path= must be the model directory the server serves)");
     }
   }
-  UTIL_THROW_IF2(m_order < 2, who << ": " << where.str() << " reports order " << m_order);
+  const cslm::ModelFacts& facts = m_backend->facts();
+  where = m_backend->Where();
+  m_order = facts.order;
+  m_bos = facts.bos;
+  m_eos = facts.eos;
+  m_unk = facts.unk;
+  UTIL_THROW_IF2(m_order < 2, who << ": " << where << " reports order " << m_order);
   UTIL_THROW_IF2(m_iniOrder && m_iniOrder != m_order,
-                 who << ": moses.ini says order=" << m_iniOrder << " but " << where.str() << " is a " << m_order
+                 who << ": moses.ini says order=" << m_iniOrder << " but " << where << " is a " << m_order
                      << "-gram model");
-  for (size_t i = 0; i < words.size(); ++i) m_vocab[words[i]] = static_cast<uint32_t>(i);
-
-  if (m_port != -1 && !m_path.empty()) {  // the server must serve this model: same vocabulary, same ids
-    const std::string file = m_path + "/cslm.vocab";
-    std::ifstream in(file.c_str());
-    UTIL_THROW_IF2(!in, who << ": cannot read " << file << " (path= must be the model directory)");
-    std::string line;
-    size_t n = 0;
-    bool same = true;
-    while (std::getline(in, line)) {
-      const std::string word = line.substr(0, line.find('\t'));
-      if (n >= words.size() || words[n] != word) same = false;
-      ++n;
-    }
-    UTIL_THROW_IF2(!same || n != words.size(),
-                   who << ": the server at " << where.str() << " serves a model whose vocabulary differs from "
-                       << file << " (" << words.size() << " vs " << n << " words)");
-  }
+  for (size_t i = 0; i < facts.words.size(); ++i) m_vocab[facts.words[i]] = static_cast<uint32_t>(i);
 
   // The buffer works with the normal stack search without early discarding,
   // and with cube pruning (CSLMBuffer.h).
@@ -227,27 +210,17 @@ void CSLM::Load(AllOptions::ptr const& opts) {
     }
   }
   UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
-  std::cerr << who << ": CSLM " << where.str() << ", order " << m_order << ", vocabulary " << words.size();
-  if (m_local_model)
-    std::cerr << ", " << (m_selfNorm ? "self-normalised (o_w)" : "exact softmax") << ", premultiplied tables "
-              << m_local_model->table_bytes() / (1 << 20) << " MiB";
-  else
-    std::cerr << ", checksum " << m_checksum.substr(0, 12);
-  std::cerr << ", scoring " << buffering << (m_futureCost ? ", in the future-cost estimate" : "") << std::endl;
+  std::cerr << who << ": CSLM " << where << ", order " << m_order << ", vocabulary " << facts.words.size() << model
+            << ", scoring " << buffering << (m_futureCost ? ", in the future-cost estimate" : "") << std::endl;
 }
 
-CSLM::ThreadData& CSLM::Local() const {
+CSLM::ThreadData& CSLM::ThisThread() const {
   ThreadData* td = m_local.get();
   if (!td) {
-    td = new ThreadData(m_cacheSize, m_buffer);
-    td->scratch.slots = m_historyCache;
+    td = new ThreadData(m_backend->NewSession(), m_cacheSize, m_buffer);
     m_local.reset(td);
   }
   return *td;
-}
-
-void CSLM::Connect(ThreadData& td) const {
-  td.client.reset(new cslm::Client(m_host, static_cast<uint16_t>(m_port), m_timeout, m_checksum));
 }
 
 const FFState* CSLM::EmptyHypothesisState(const InputType& /*input*/) const {
@@ -298,63 +271,18 @@ void CSLM::Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t cou
 }
 
 void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) const {
-  td.evaluated += count;
-  if (m_local_model) {
-    m_local_model->Score(ngrams, count, !m_selfNorm, logprobs, &td.scratch);
-    for (size_t k = 0; k < count; ++k) {
-      flags[k] = ngrams[k * m_order + m_order - 1] == m_unk ? cslm::kUnknown : 0;
-      if (!(logprobs[k] >= m_floor)) logprobs[k] = m_floor;  // also catches NaN and -inf
-    }
-    return;
+  try {
+    td.session->Evaluate(ngrams, count, logprobs, flags);
+  } catch (const std::exception& e) {
+    Fatal(std::string(e.what()) + "; stopping the decoder");
   }
-  std::string last_error;
-  bool refused = false;  // the server answered with an error that no retry can mend
-  for (int attempt = 0; attempt <= m_retries; ++attempt) {
-    try {
-      if (!td.client || !td.client->connected()) Connect(td);
-      td.client->score(ngrams, count, m_order, logprobs, flags);
-      ++td.requests;
-      last_error.clear();
-      break;
-    } catch (const cslm::ServerError& e) {
-      td.client.reset();
-      last_error = e.what();
-      // a refused request: retrying will not help; a server shutting down or busy: a new connection may
-      if (e.code() != cslm::kErrShuttingDown && e.code() != cslm::kErrBusy) {
-        refused = true;
-        break;
-      }
-    } catch (const cslm::Error& e) {
-      td.client.reset();
-      last_error = e.what();
-    } catch (const std::exception& e) {
-      Fatal(std::string("scoring failed: ") + e.what());
-    }
-    if (attempt < m_retries) {
-      std::cerr << GetScoreProducerDescription() << ": " << last_error << "; reconnecting (" << attempt + 1 << "/"
-                << m_retries << ")" << std::endl;
-      usleep(200000u << (attempt < 5 ? attempt : 5));
-    }
-  }
-  if (!last_error.empty()) {
-    std::ostringstream msg;
-    if (refused)
-      msg << "the CSLM server at " << m_host << ":" << m_port << " refused a request (" << last_error
-          << "); stopping the decoder";
-    else
-      msg << "lost the CSLM server at " << m_host << ":" << m_port << " (" << last_error << ") after " << m_retries
-          << " retries; stopping the decoder";
-    Fatal(msg.str());
-  }
-  for (size_t k = 0; k < count; ++k)
-    if (!(logprobs[k] >= m_floor)) logprobs[k] = m_floor;  // also catches NaN and -inf
 }
 
 void CSLM::EvaluateInIsolation(const Phrase& /*source*/, const TargetPhrase& targetPhrase,
                                ScoreComponentCollection& scoreBreakdown,
                                ScoreComponentCollection& estimatedScores) const {
   if (m_futureCost != 1) return;
-  ThreadData& td = Local();
+  ThreadData& td = ThisThread();
   std::vector<uint32_t> ids, ngrams;
   PhraseIds(td, targetPhrase, &ids);
   const size_t internal = cslm::internal_ngrams(ids, m_order, m_bos, &ngrams);
@@ -377,7 +305,7 @@ void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*inp
   // keeps its own copy), so only real scores are added here: the n-grams whose
   // history lies inside the phrase, and the unknown-word count. The first
   // order-1 words are scored when the option is applied to a hypothesis.
-  ThreadData& td = Local();
+  ThreadData& td = ThisThread();
   std::vector<uint32_t> ids, ngrams;
   std::vector<size_t> internal_count;
   std::vector<float> unknown;
@@ -437,7 +365,7 @@ void CSLM::AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector
 
 FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_state,
                                    ScoreComponentCollection* accumulator) const {
-  ThreadData& td = Local();
+  ThreadData& td = ThisThread();
   const CSLMState& prev = static_cast<const CSLMState&>(*prev_state);
   std::vector<uint32_t>& ngrams = td.ngrams;
   std::vector<float>& lp = td.lp;
@@ -481,18 +409,18 @@ size_t CSLM::QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, con
 
 size_t CSLM::Queue(const Hypothesis& hypo) const {
   const CSLMState& prev = static_cast<const CSLMState&>(*hypo.GetPrevHypo()->GetFFState(m_stateIndex));
-  return QueueNgrams(Local(), prev.Words(), hypo.GetCurrTargetPhrase(), hypo.IsSourceCompleted());
+  return QueueNgrams(ThisThread(), prev.Words(), hypo.GetCurrTargetPhrase(), hypo.IsSourceCompleted());
 }
 
 size_t CSLM::QueueExpansion(const Hypothesis& prev, const TranslationOption& option, bool complete) const {
   const CSLMState& state = static_cast<const CSLMState&>(*prev.GetFFState(m_stateIndex));
-  return QueueNgrams(Local(), state.Words(), option.GetTargetPhrase(), complete);
+  return QueueNgrams(ThisThread(), state.Words(), option.GetTargetPhrase(), complete);
 }
 
-size_t CSLM::Queued() const { return Local().queued.size() / m_order; }
+size_t CSLM::Queued() const { return ThisThread().queued.size() / m_order; }
 
 void CSLM::ScoreQueued() const {
-  ThreadData& td = Local();
+  ThreadData& td = ThisThread();
   const size_t count = td.queued.size() / m_order;
   td.cache.make_room(count);  // every value stays until the held hypotheses are evaluated
   for (size_t at = 0; at < count; at += m_buffer) {
@@ -507,13 +435,13 @@ void CSLM::ScoreQueued() const {
 }
 
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
-  ThreadData& td = Local();
+  ThreadData& td = ThisThread();
   if (m_stats)
     std::cerr << GetScoreProducerDescription() << ": sentence " << source.GetTranslationId() << ": requests "
-              << td.requests << ", n-grams evaluated " << td.evaluated << ", cache hits " << td.hits
-              << ", hidden layers computed " << td.scratch.misses << std::endl;
-  td.requests = td.evaluated = td.hits = 0;
-  td.scratch.hits = td.scratch.misses = 0;
+              << td.session->requests << ", n-grams evaluated " << td.session->evaluated << ", cache hits " << td.hits
+              << ", hidden layers computed " << td.session->HiddenComputed() << std::endl;
+  td.session->ResetCounters();
+  td.hits = 0;
 }
 
 FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

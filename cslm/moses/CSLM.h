@@ -10,7 +10,7 @@
 //   [weight]
 //   CSLM0= 0.1 -0.1
 //
-// In process (no port=): cslm::LocalModel reads the model directory; a
+// In process (no port=): cslm::LocalBackend reads the model directory; a
 // self-normalised model (`cslm train --self-norm`) is asked for o_w alone,
 // another for the exact softmax (self-normalized=auto|true|false).
 // Through a server (port=): one request per hypothesis whose n-grams miss the
@@ -39,8 +39,7 @@
 #include "moses/FactorTypeSet.h"
 
 namespace cslm {
-class Client;
-class LocalModel;
+class Backend;
 class NgramCache;
 }
 
@@ -116,16 +115,15 @@ class CSLM : public StatefulFeatureFunction {
   void CleanUpAfterSentenceProcessing(const InputType& source);
 
  private:
-  struct ThreadData;  // one connection, its caches
+  struct ThreadData;  // one backend session, its caches
 
-  ThreadData& Local() const;
-  void Connect(ThreadData& td) const;
+  ThreadData& ThisThread() const;
   void PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>* ids) const;
   // Scores `count` n-grams of m_order ids each, through the thread's cache.
   void Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
-  // Evaluates `count` n-grams (no cache) in process or with one request to the
-  // server; reconnects on a lost connection, at most m_retries times, then
-  // stops the decoder.
+  // Evaluates `count` n-grams (no cache) through the thread's backend session
+  // (cslm_backend.h: in process, or one request to the server with its
+  // retries); stops the decoder if the backend cannot answer.
   void Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) const;
   void Fatal(const std::string& message) const;
   // True, with their log-probabilities, if the first `count` n-grams are all in the thread's cache.
@@ -159,9 +157,8 @@ class CSLM : public StatefulFeatureFunction {
 
   // Read-only after Load: shared by all threads.
   uint32_t m_bos, m_eos, m_unk;
-  std::string m_checksum;
   boost::unordered_map<std::string, uint32_t> m_vocab;
-  boost::scoped_ptr<cslm::LocalModel> m_local_model;  // in process only
+  boost::scoped_ptr<cslm::Backend> m_backend;  // in process or a server
   int m_stateIndex;        // this feature's slot among the hypothesis' states
 
   mutable boost::thread_specific_ptr<ThreadData> m_local;

@@ -16,10 +16,10 @@ search=$moses/moses/SearchNormal.cpp
 [ -f "$search" ] || { echo "add-to-moses.sh: $search not found: is $moses a mosesdecoder checkout?" >&2; exit 1; }
 
 cp "$here/CSLM.h" "$here/CSLM.cpp" "$here/CSLMBuffer.h" "$here/CSLMBuffer.cpp" "$here/cslm_ngrams.h" "$ff/"
-cp "$here/../cpp/cslm_local.h" "$ff/cslm_local.h"
-cp "$here/../cpp/cslm_local.cc" "$ff/cslm_local.cpp"
-cp "$here/../cpp/cslm_client.h" "$ff/cslm_client.h"
-cp "$here/../cpp/cslm_client.cc" "$ff/cslm_client.cpp"   # Moses' Jamfile compiles moses/FF/*.cpp
+for part in cslm_backend cslm_local cslm_client cslm_json; do
+  cp "$here/../cpp/$part.h" "$ff/$part.h"
+  cp "$here/../cpp/$part.cc" "$ff/$part.cpp"   # Moses' Jamfile compiles moses/FF/*.cpp
+done
 
 if ! grep -q '"moses/FF/CSLM.h"' "$factory"; then
   sed -i '0,/^#include "moses\/FF\/Factory.h"/s//&\n#include "moses\/FF\/CSLM.h"/' "$factory"

@@ -44,7 +44,7 @@ fi
 cd "$moses"
 ./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c "${targets[@]}"
 # the decoder must be newer than every source the feature added, or it was not rebuilt
-for f in moses/FF/CSLM.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_local.cpp moses/FF/cslm_client.cpp; do
+for f in moses/FF/CSLM.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_backend.cpp moses/FF/cslm_local.cpp moses/FF/cslm_client.cpp moses/FF/cslm_json.cpp; do
   [ bin/moses -nt "$f" ] || { echo "build-moses.sh: bin/moses is older than $f after bjam; run ./bjam --with-boost=/usr -q --no-xmlrpc-c in $moses" >&2; exit 1; }
 done
 
