@@ -200,15 +200,15 @@ FACTS = {
         (r"networks' training \((\d+) min", None),
     ],
     "the paper-recipe CSLM against KenLM (test perplexity ratio, BUDGET=1)": [
-        (r"paper's recipe[^.|\n]{0,60}?\b(0\.9\d)×", None),
+        (r"paper's recipe(?:[^.|\n]|\.\d){0,60}?\b(0\.9\d)×", None),
         (r"[Ww]ith the paper's recipe the network alone is (\d+)% below KenLM",
          _ratio_from_percent_below),
     ],
     "the paper-recipe CSLM's test perplexity (BUDGET=1)": [
-        (r"paper's recipe[^.|\n]{0,60}?\b(1[01]\d\.\d)\b", None),
+        (r"paper's recipe(?:[^.|\n]|\.\d){0,60}?\b(1[01]\d\.\d)\b", None),
     ],
     "the starting weight of the RNN column": [
-        (r"ini add-columns [^\n`]*--weight ([\d.]+)", None),
+        (r"--weight ([\d.]+) (?:\\\\ )?--path", None),
     ],
     "the pipeline's n-best list size": [
         (r"n-best\*\* list[^.]{0,120}?; (\d+) here\)", None),
