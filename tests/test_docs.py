@@ -267,15 +267,28 @@ def test_suite_size_not_stated():
     assert not stale, "a count of the tests:\n" + "\n".join(stale)
 
 
+def code_lines(path):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [lines[n - 1] for n, line in prose_lines("\n".join(lines))
+            if line is None and not lines[n - 1].lstrip().startswith(("```", "~~~"))]
+
+
 def test_examples_follow_the_measurements():
-    """What the measurements recommend, in every example: the RNN column added
-    at 0.05, a CSLM for Moses trained self-normalised, and a training budget
-    given explicitly rather than left to a default."""
-    readme = README.read_text(encoding="utf-8").splitlines()
-    code = "\n".join(readme[n - 1] for n, line in prose_lines("\n".join(readme))
-                     if line is None and not readme[n - 1].lstrip().startswith(("```", "~~~")))
+    """What the measurements recommend, in the README's examples: the RNN
+    column added at 0.05, and a CSLM for Moses trained self-normalised."""
+    code = "\n".join(code_lines(README))
     assert "--weight 0.05" in code and "--weight 0.2" not in code
     first_cslm_train = re.search(r"^.*\bcslm train\b.*$", code, re.M)
     assert first_cslm_train and "--self-norm" in first_cslm_train.group(0)
-    for line in re.findall(r"^.*moses-rnn train\b.*$", code, re.M):
-        assert re.search(r"--max-(minutes|steps|epochs)", line), line
+
+
+@pytest.mark.parametrize("path", per_file(ALL, "examples"))
+def test_training_examples_give_their_budget(path):
+    """Every training command in an example says how long it trains (minutes,
+    epochs or steps): no hidden default decides it."""
+    lines = code_lines(path)
+    joined = "\n".join(lines).replace("\\\n", " ")
+    hidden = [line for line in joined.splitlines()
+              if re.search(r"\b(moses-rnn|cslm)\)? train\b", line)
+              and not re.search(r"--max-(minutes|steps|epochs)", line)]
+    assert not hidden, f"{rel(path)}: training without an explicit budget:\n" + "\n".join(hidden)
