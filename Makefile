@@ -30,6 +30,8 @@ demo: install
 	$(BIN)/moses-rnn train $(EXAMPLE) -o demo/model --preset tiny --max-steps 500 --eval-every 250 --valid-pairs 40
 	$(BIN)/moses-rnn score $(EXAMPLE) -m demo/model -o demo/example.rnn.gz --unknown
 	@echo "scored table: demo/example.rnn.gz"; gzip -dc demo/example.rnn.gz | head -n 3
+	@echo "The commands are in $(BIN). Put them on your PATH:"
+	@echo '  . $(BIN)/activate    # or: export PATH="$$PWD/$(BIN):$$PATH"'
 
 test: install
 	$(BIN)/python -m pytest -q
