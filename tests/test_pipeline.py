@@ -15,9 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PIPE = ROOT / "pipelines"
 sys.path.insert(0, str(PIPE))
+import corpus  # noqa: E402
+import health  # noqa: E402
 import mt  # noqa: E402
+import preflight  # noqa: E402
+import runs  # noqa: E402
+import sections  # noqa: E402
 
 from moses_rnn.formats.mosesini import MosesIni  # noqa: E402
+from mtcommon.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
@@ -352,7 +358,7 @@ def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
     # LM0 -2*.1 + TM0 -.2 -.9 + RNN -2 = -3.3 against -.1 -.4 -.9 -3.6 = -5.0: "a b"; sentence 1 has no list
     assert rerank.rerank(str(nbest), weights, 3) == ["a b", "", "d"]
     assert rerank.rerank(str(nbest), {"RNN0_0": -1.0}, 3)[0] == "a c"
-    with pytest.raises(mt.UserError, match="nbest:3: sentence id 2, but only 2"):
+    with pytest.raises(UserError, match="nbest:3: sentence id 2, but only 2"):
         rerank.rerank(str(nbest), weights, 2)
 
 
@@ -453,13 +459,13 @@ def test_prepare_keeps_an_unchanged_output_and_its_time(tmp_path):
 def test_grow_diag_final_and():
     fwd = {(0, 0), (1, 2), (2, 1)}
     rev = {(0, 0), (1, 1), (1, 2), (3, 3)}
-    got = mt.grow_diag_final_and(fwd, rev)
+    got = corpus.grow_diag_final_and(fwd, rev)
     # the intersection, grown by (1,1) (beside (1,2), target word 1 unaligned) and
     # (2,1) (diagonal to (1,2), source word 2 unaligned); final-and adds (3,3)
     assert got == {(0, 0), (1, 2), (1, 1), (2, 1), (3, 3)}
     assert got <= fwd | rev
-    assert mt.grow_diag_final_and(set(), set()) == set()
-    assert mt.grow_diag_final_and({(0, 1)}, {(0, 1)}) == {(0, 1)}
+    assert corpus.grow_diag_final_and(set(), set()) == set()
+    assert corpus.grow_diag_final_and({(0, 1)}, {(0, 1)}) == {(0, 1)}
 
 
 def test_detok_and_report(tmp_path):
@@ -774,7 +780,7 @@ def test_timed_logs_successful_steps_only(tmp_path):
     assert bad.returncode == 3
     step, seconds = times.read_text().split("\t")
     assert step == "align" and float(seconds) >= 0
-    assert mt._step_times(times)[0].startswith("| align | 1 | 0.0 |")
+    assert runs.step_time_rows(times)[0].startswith("| align | 1 | 0.0 |")
 
 
 def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
@@ -792,7 +798,7 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
                 (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
             for part in ("dev", "test"):
                 (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 20.0, "signature": sig}))
-    curves = mt.mert_curves(tmp_path, ["baseline", "rnn"], tmp_path / "dev.fr")
+    curves = health.dev_bleu_curves(tmp_path, ["baseline", "rnn"], tmp_path / "dev.fr")
     assert len(curves["baseline"]["mert-1"]) == 2 and len(curves["rnn"]["mert-2"]) == 3
     assert curves["rnn"]["mert-1"][0] < curves["rnn"]["mert-1"][1] < curves["rnn"]["mert-1"][2] == pytest.approx(100.0)
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn",
@@ -807,10 +813,10 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     d.mkdir()
     for part, score in (("dev", 11.0), ("test", 17.5)):
         (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
-    assert mt.tuning_name("mert", 0) == "mert-r0" and mt.tuning_name("mert") == "mert" == mt.tuning_name("mert", 20)
-    assert mt.tuning_name("kbmira", 0) == "kbmira"
-    assert mt.tuning_name("pro", 20, "-b") == "pro-bp" and mt.tuning_name("pro", 20, "-bx") == "pro"
-    assert mt.tuning_name("kbmira", 20, "-b") == "kbmira"
+    assert runs.tuning_name("mert", 0) == "mert-r0" and runs.tuning_name("mert") == "mert" == runs.tuning_name("mert", 20)
+    assert runs.tuning_name("kbmira", 0) == "kbmira"
+    assert runs.tuning_name("pro", 20, "-b") == "pro-bp" and runs.tuning_name("pro", 20, "-bx") == "pro"
+    assert runs.tuning_name("kbmira", 20, "-b") == "kbmira"
     mt.main(["report", str(tmp_path), str(tmp_path / "r0.md"), "--systems", "baseline rnn", "--restarts", "0"])
     report = (tmp_path / "r0.md").read_text()
     assert report.startswith("Tuner: mert (mert-moses.pl, --random-restarts 0); tunings systems/SYSTEM/mert-r0-K.")
@@ -837,7 +843,7 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     ([10.8], "failed"),
 ])
 def test_tuning_health(scores, verdict):
-    h = mt.tuning_health(scores)
+    h = health.tuning_health(scores)
     assert h["verdict"] == verdict and h["first"] == 10.8 and h["best"] == max(scores)
     assert h["best_at"] == scores.index(max(scores)) + 1 and h["iterations"] == len(scores)
 
@@ -909,11 +915,17 @@ def test_tuners_side_by_side(tmp_path):
     assert "| Baseline | kbmira | 2 |" in (tmp_path / "report.tuners.md").read_text() and (tmp_path / "report.tuners.png").exists()
 
 
+# what a fake bin/moses holds to pass for one built with the CSLM feature (preflight looks for it)
+WITH_CSLM = f"# {preflight.CSLM_FEATURE_MARK.decode()}\n"
+
+
 def _fake_moses(root: Path, tuner: str = "pro") -> Path:
-    """A Moses folder with (empty) every program and script a run calls, as preflight checks them."""
-    for rel in ["bin/moses"] + mt.MOSES_NEEDS + mt.TUNER_NEEDS[tuner]:
+    """A Moses folder with (empty) every program and script a run calls, as preflight checks them,
+    and a bin/moses built with the CSLM feature."""
+    for rel in ["bin/moses"] + preflight.MOSES_NEEDS + preflight.TUNER_NEEDS[tuner]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).touch()
+    (root / "bin" / "moses").write_text(WITH_CSLM)
     return root
 
 
@@ -948,7 +960,7 @@ def test_a_new_tuning_redoes_nothing_finished(tmp_path):
         scripts / "filter-model-given-input.pl": 'mkdir -p "$1" && cp "$2" "$1/moses.ini"',
         scripts / "mert-moses.pl": 'wd=""; prev=""; for a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; prev=$a; done\n'
                                    'mkdir -p "$wd" && printf "[weight]\\nLM0= 0.5\\n" > "$wd/moses.ini"',
-        moses / "bin" / "moses": "cat",
+        moses / "bin" / "moses": f"{WITH_CSLM}cat",
         tmp_path / "sacrebleu": 'echo \'{"score": 1.0}\'',
     }
     for path, body in fakes.items():
@@ -1207,8 +1219,8 @@ def test_report_rows_of_an_augmented_system(tmp_path):
              "sentence_ids": [0, 1], "examples": [{"source": "red", "target": "rouge", "uses": 1, "sentence": 1},
                                                   {"source": "car", "target": "voiture", "uses": 1, "sentence": 2}]}
     (w / "systems" / "cslm-rnn-aug" / "mert-1" / "usage.json").write_text(json.dumps(usage))
-    text = "\n".join(mt.augmentation_rows(w, ["cslm-rnn", "cslm-rnn-aug"], "mert", tmp_path / "ref"))
+    text = "\n".join(sections.augmentation_rows(w, ["cslm-rnn", "cslm-rnn-aug"], "mert", tmp_path / "ref"))
     assert "2 generated lines added to the table's 10 (+20.0%)" in text
     assert "| mert-1 | 7 | 2 (2) | 2 | 100.00 |" in text  # the augmented outputs match the references there
     assert "| red | rouge | 1 | 1 | 100.0 |" in text and text.count("| yes |") == 2
-    assert mt.augmentation_rows(w, ["cslm-rnn"], "mert", tmp_path / "ref") == []
+    assert sections.augmentation_rows(w, ["cslm-rnn"], "mert", tmp_path / "ref") == []
