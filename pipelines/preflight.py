@@ -29,9 +29,10 @@ def has_cslm_feature(moses_binary: Path, chunk: int = 1 << 22) -> bool:
     tail = b""
     with open(moses_binary, "rb") as f:
         while block := f.read(chunk):
-            if CSLM_FEATURE_MARK in tail + block:
+            window = tail + block  # a mark cut by the read is whole here
+            if CSLM_FEATURE_MARK in window:
                 return True
-            tail = block[-overlap:]
+            tail = window[-overlap:]
     return False
 
 

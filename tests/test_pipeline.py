@@ -46,7 +46,8 @@ def _make(*args, cwd=PIPE, env_extra=None, **vars_):
 
 
 def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
+    """SYSTEMS=all: the paper's systems and those past it, reranking and the sentence networks."""
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
     plan = r.stdout
     for step in ["mt.py prepare", "eflomal-align", "mt.py symmetrize", "/opt/mosesdecoder/bin/lmplz",
@@ -101,7 +102,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
 def test_dry_run_budget(tmp_path, shared_data):
     """BUDGET=1: 400 dev sentences, 10 MERT iterations, 35 minutes per network, a labelled report;
     a variable given on the command line still wins; any other BUDGET value is refused."""
-    r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
+    r = _make("-n", "SYSTEMS=all", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
     assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 24
     # the CSLM, three phrase networks and the two sentence networks
@@ -114,10 +115,10 @@ def test_dry_run_budget(tmp_path, shared_data):
     assert f"table-path {w}/model-devtest/moses.ini)" in r.stdout
     assert f"cp {w}/model-devtest/moses.ini {w}/systems/baseline/moses.ini.tmp" in r.stdout
     assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 5
-    r = _make("-n", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
+    r = _make("-n", "SYSTEMS=all", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
               DATA=str(shared_data / "en-fr"))
     assert "--lines 100" in r.stdout and "first 100 dev sentences" in r.stdout
-    r = _make("-n", "BUDGET=yes", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"))
+    r = _make("-n", "SYSTEMS=all", "BUDGET=yes", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"))
     assert r.returncode != 0 and "BUDGET must be 0 or 1, not yes" in r.stderr
 
 
@@ -1071,7 +1072,7 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     """TUNER picks mert-moses.pl's optimiser: its options, the seed, TUNER_ARGS, the runs' folders,
     the report's tuner; anything else is refused in one line."""
     w = tmp_path / "w"
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
     assert r.returncode == 0, r.stderr
     plan = r.stdout
     assert plan.count("mert-moses.pl") == 24 and plan.count(flag) == 8
@@ -1084,16 +1085,16 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     # times.tsv: the papers' tuner (mert, 20 restarts) as tune-SYSTEM, any other as tune-SYSTEM.TUNING
     assert ("tune-baseline -- " in plan) == (tuner == "mert") and (f"tune-baseline.{tuner} " in plan) == (tuner != "mert")
     if tuner == "mert":  # POSITIVE empty: no constraint
-        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="mert", POSITIVE="")
+        r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="mert", POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
     assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 24 and "--nbest 300" not in r.stdout
     # RESTARTS: mert's random restarts; other than 20 its tunings get their own folders and report
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0")
     assert (r.returncode == 0) == (tuner != "mert")  # mert: three tunings from one seedless optimiser
     if tuner == "mert":
         assert "RESTARTS=0 leaves mert's seed nothing to draw, so the RUNS=3 tunings would be identical" in r.stderr
-        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0", RUNS="1")
+        r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0", RUNS="1")
         assert r.returncode == 0, r.stderr
         assert f"{w}/systems/baseline/mert-r0-2/" not in r.stdout
     # pro's default TUNER_ARGS is -b (the pipeline's default tuner): its tunings are pro-bp-K
@@ -1103,21 +1104,21 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert (f"{w}/systems/baseline/{'pro-bp' if tuner == 'pro' else tuner}-1/" in r.stdout) == (tuner != "mert")
     assert "--restarts 0 " in r.stdout and f"tune-baseline.{tuning} " in r.stdout  # times.tsv tells tunings apart
     # TUNING names the tunings: those made with other TUNER_ARGS sit beside the tuner's own
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-x", TUNING=f"{tuner}-x")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-x", TUNING=f"{tuner}-x")
     assert r.returncode == 0, r.stderr
     assert f"{w}/systems/rnn/{tuner}-x-3/tuned.ini" in r.stdout and f"{w}/systems/rnn/{tuner}-3/" not in r.stdout
     assert f"tune-baseline.{tuner}-x " in r.stdout and f"--tuning {tuner}-x " in r.stdout and "-r 3 -x " in r.stdout
     # pro's -b (the smoothed brevity penalty) names its tunings pro-bp without TUNING; the report says -b
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-b")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-b")
     assert r.returncode == 0, r.stderr
     bp = f"{tuner}-bp" if tuner == "pro" else tuner
     assert f"{w}/systems/rnn/{bp}-3/tuned.ini" in r.stdout and f"{w}/report.{bp}.png" in r.stdout
     assert '--tuner-args="-b" ' in r.stdout and f"--tuning {bp} " in r.stdout
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
     assert r.returncode != 0 and "TUNING must be a name of letters, digits, dots and single hyphens, not 'pro_b'" in r.stderr
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
     assert r.returncode != 0 and "SCORE_SCOPE must be all or devtest, not some" in r.stderr
 
 
