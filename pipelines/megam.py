@@ -1,27 +1,17 @@
 #!/usr/bin/env python3
-"""A drop-in replacement for megam (Hal Daume III's MEGA Model Optimization
-Package) as Moses's PRO tuning calls it, so that `mert-moses.pl
---pairwise-ranked` runs on machines that cannot download `megam_i686.opt`.
-
-PRO (Hopkins & May 2011, "Tuning as Ranking") samples pairs of n-best
-translations; Moses's `mert/pro.cpp` writes each pair twice, as the feature
-difference labelled 1 and its negation labelled 0, one example a line in
-megam's -fvals format:
-
-    1 F0 0.5 F3 -1.25 some_sparse 2
-    0 F0 -0.5 F3 1.25 some_sparse -2
-
-and mert-moses.pl then runs
-
-    megam_i686.opt -fvals -maxi 30 -nobias binary run1.pro.data > weights
-
-and reads `name weight` lines back (`^F(\\d+) ...` dense, `^(.+_.+) ...`
-sparse), normalising by the L1 sum.  This script is called the same way:
+"""A drop-in replacement for megam (Hal Daume III's MEGA Model Optimization Package) as Moses's
+PRO tuning calls it, so that `mert-moses.pl --pairwise-ranked` runs on machines that cannot
+download `megam_i686.opt`:
 
     python pipelines/megam.py [options] binary FILE      (FILE `-`: stdin)
 
-options (megam's names and defaults; the last two arguments are always the
-model type and the file, as in megam):
+reads PRO's pairs (megam's -fvals format: `LABEL NAME VALUE ...`, labels 0 and 1), fits megam's
+`binary` logistic regression (summed log-likelihood, a Gaussian prior of precision -lambda, the
+bias included) with scipy's L-BFGS-B, and prints `name weight` lines as megam does (`%10.20f`,
+weights with |w| <= 1e-10 left out), which mert-moses.pl reads back.
+
+options (megam's names and defaults; the last two arguments are always the model type and the
+file, as in megam):
     -fvals          feature values follow their names (without it, every
                     token after the label is a feature with value 1)
     -maxi N         at most N optimiser iterations (default 100)
@@ -34,25 +24,9 @@ model type and the file, as in megam):
                     fit that mert's -P does for MERT.  The pipeline passes
                     PRO's names (F<j>) for the scores of its POSITIVE features.
 
-What megam does, and where this deviates (megam 0.92's source: main.ml, cg.ml, data.ml):
-  * megam `binary` maximises sum_n log sigmoid(y_n w.x_n) - lambda/2 |w|^2,
-    y_n in {-1, +1}: the log-likelihood is summed, not averaged, and the
-    Gaussian prior of precision lambda (default 1) also covers the bias.  We
-    minimise exactly that objective, bias included.
-  * megam optimises `binary` with nonlinear conjugate gradient for exactly
-    -maxi iterations; we use scipy's L-BFGS-B for at most -maxi iterations
-    and may stop earlier once converged.  Same optimum, different path.
-  * megam reads any float label and thresholds it at 0.5; we accept only 0
-    and 1 (pro.cpp writes nothing else) and stop on anything else.
-  * megam's DEV/TEST sections (best-on-dev weights) and $$$ tags are not
-    implemented: a DEV or TEST line ends the training data, $$$ is an error.
-  * Data with one class only is fitted as it is (no error): with lambda > 0
-    the weights stay finite and point towards that class; a warning is
-    printed unless -quiet.
-Output is megam's: `**BIAS** w` first unless -nobias, then `name w` for every
-feature in order of first appearance, printed with megam's `%10.20f` (fixed
-point, never an exponent, so `[\\-\\.\\de]+` in mert-moses.pl matches it);
-weights with |w| <= 1e-10 are left out, as megam does.
+Where it deviates from megam (docs/pipeline.md, "PRO's optimiser", has megam's own behaviour):
+labels other than 0 and 1 stop it; DEV and TEST sections end the training data and $$$ tags are
+an error; data with one class only is fitted as it is, with a warning.
 """
 
 from __future__ import annotations

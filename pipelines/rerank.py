@@ -20,6 +20,7 @@ from pathlib import Path
 from moses_rnn.formats.mosesini import MosesIni
 from mtcommon import nbest
 from mtcommon.errors import UserError
+from mtcommon.textio import atomic_output
 
 
 def read_weights(path: str) -> dict[str, float]:
@@ -72,10 +73,8 @@ def tune(nbest_path: str, reference: str, ini: str, moses: str, output: str, see
     if len(values) != len(names):
         raise UserError(f"mert returned {len(values)} weights for {len(names)} features")
     weights = dict(zip(names, map(float, values)))
-    tmp_out = output + ".tmp"
-    with open(tmp_out, "w", encoding="utf-8") as f:
-        f.write("".join(f"{n} {w:.8g}\n" for n, w in weights.items()))
-    os.replace(tmp_out, output)
+    with atomic_output(output, compress=False) as out:
+        out.write("".join(f"{n} {w:.8g}\n" for n, w in weights.items()).encode("utf-8"))
     return weights
 
 

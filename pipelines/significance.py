@@ -197,22 +197,18 @@ def approximate_randomization(reference: Sequence[str], baseline: Sequence[Seque
       tuning each it is the ordinary approximate randomization test (a coin per sentence).
       exchange="pairs": MultEval's exchange as it works out for the pooled statistic (a coin per
       sentence and run k between baseline tuning k and system tuning k); needs K_b == K_s.
-    * pseudo-systems are complementary. MultEval (since commit 8d14cdb, 2011-06) builds the second
-      pseudo-system with the inverse run permutation but the same coins, so with 3 or more runs
-      the two can share or both miss a hypothesis (a quarter of the sentence shuffles with 3
-      runs); its null distribution is then narrower than it should be, its p-values smaller.
+    * pseudo-systems are complementary: each shuffle divides a sentence's hypotheses between the
+      two, none shared, none left out (MultEval's second pseudo-system can share or miss one, which
+      narrows its null distribution; docs/pipeline.md, "Significance tests").
     * c counts shuffles with |difference| >= the observed one (minus 1e-9 for rounding), the
-      usual Monte Carlo permutation test (Noreen 1989; Riezler & Maxwell 2005) and MultEval's own
-      first version. MultEval counts > since 2011-04 and defends it in its README (jhclark/multeval
-      issues #3, #5): identical systems get p = 1/(n+1) there, "significant"; here p = 1.
+      usual Monte Carlo permutation test (Noreen 1989; Riezler & Maxwell 2005): identical systems
+      get p = 1 (MultEval's > gives them 1/(n+1)).
     * numpy's PCG64 instead of Java's Random, so the p-values are not MultEval's digit for digit.
 
     Caveat (MultEval's too): shuffles are drawn independently per sentence, so the test is
     conditional on the tunings at hand; a tuning-level effect (one MERT run's weights better on
-    every sentence) is not part of its null distribution; more tunings are the only remedy.
-    In a synthetic check (150 sentences, 3 + 3 tunings
-    drawn from one system) it rejected at the 5% level 5% of the time without tuning-level
-    variation and 12% to 30% with it; `bootstrap`, which resamples tunings, stayed at or below 5%.
+    every sentence) is not part of its null distribution; more tunings are the only remedy, or
+    `bootstrap`, which resamples tunings too (docs/pipeline.md, "Significance tests", measures both).
     """
     if samples < 1:
         raise ValueError(f"samples must be at least 1, not {samples}")

@@ -157,14 +157,14 @@ def test_the_pipeline_report_draws_each_phrase_networks_curve(tiny_model, tmp_pa
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
-    import mt
+    import plots
 
     work = tmp_path / "w"
-    assert not mt.plot_training(work, str(tmp_path / "none.png"))  # no network trained yet: no picture
+    assert not plots.plot_training(work, str(tmp_path / "none.png"))  # no network trained yet: no picture
     for folder in ("rnn", "rnnsearch"):
         shutil.copytree(tiny_model, work / folder / "model")
     out = tmp_path / "training.png"
-    assert mt.plot_training(work, str(out)) and out.read_bytes()[:8] == PNG
+    assert plots.plot_training(work, str(out)) and out.read_bytes()[:8] == PNG
 
 
 def test_a_label_goes_to_the_first_free_corner_or_nowhere():

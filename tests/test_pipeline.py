@@ -15,9 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PIPE = ROOT / "pipelines"
 sys.path.insert(0, str(PIPE))
+import corpus  # noqa: E402
+import health  # noqa: E402
 import mt  # noqa: E402
+import preflight  # noqa: E402
+import runs  # noqa: E402
+import sections  # noqa: E402
 
 from moses_rnn.formats.mosesini import MosesIni  # noqa: E402
+from mtcommon.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 
@@ -40,7 +46,8 @@ def _make(*args, cwd=PIPE, env_extra=None, **vars_):
 
 
 def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
+    """SYSTEMS=all: the paper's systems and those past it, reranking and the sentence networks."""
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
     plan = r.stdout
     for step in ["mt.py prepare", "eflomal-align", "mt.py symmetrize", "/opt/mosesdecoder/bin/lmplz",
@@ -95,7 +102,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
 def test_dry_run_budget(tmp_path, shared_data):
     """BUDGET=1: 400 dev sentences, 10 MERT iterations, 35 minutes per network, a labelled report;
     a variable given on the command line still wins; any other BUDGET value is refused."""
-    r = _make("-n", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
+    r = _make("-n", "SYSTEMS=all", "BUDGET=1", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"))
     assert r.returncode == 0, r.stderr
     assert "--lines 400" in r.stdout and r.stdout.count("--maximum-iterations 10") == 24
     # the CSLM, three phrase networks and the two sentence networks
@@ -108,10 +115,10 @@ def test_dry_run_budget(tmp_path, shared_data):
     assert f"table-path {w}/model-devtest/moses.ini)" in r.stdout
     assert f"cp {w}/model-devtest/moses.ini {w}/systems/baseline/moses.ini.tmp" in r.stdout
     assert r.stdout.count(f"ini add-columns {w}/model-devtest/moses.ini") == 5
-    r = _make("-n", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
+    r = _make("-n", "SYSTEMS=all", "BUDGET=1", "DEV_LINES=100", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"),
               DATA=str(shared_data / "en-fr"))
     assert "--lines 100" in r.stdout and "first 100 dev sentences" in r.stdout
-    r = _make("-n", "BUDGET=yes", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"))
+    r = _make("-n", "SYSTEMS=all", "BUDGET=yes", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"))
     assert r.returncode != 0 and "BUDGET must be 0 or 1, not yes" in r.stderr
 
 
@@ -352,7 +359,7 @@ def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
     # LM0 -2*.1 + TM0 -.2 -.9 + RNN -2 = -3.3 against -.1 -.4 -.9 -3.6 = -5.0: "a b"; sentence 1 has no list
     assert rerank.rerank(str(nbest), weights, 3) == ["a b", "", "d"]
     assert rerank.rerank(str(nbest), {"RNN0_0": -1.0}, 3)[0] == "a c"
-    with pytest.raises(mt.UserError, match="nbest:3: sentence id 2, but only 2"):
+    with pytest.raises(UserError, match="nbest:3: sentence id 2, but only 2"):
         rerank.rerank(str(nbest), weights, 2)
 
 
@@ -453,13 +460,13 @@ def test_prepare_keeps_an_unchanged_output_and_its_time(tmp_path):
 def test_grow_diag_final_and():
     fwd = {(0, 0), (1, 2), (2, 1)}
     rev = {(0, 0), (1, 1), (1, 2), (3, 3)}
-    got = mt.grow_diag_final_and(fwd, rev)
+    got = corpus.grow_diag_final_and(fwd, rev)
     # the intersection, grown by (1,1) (beside (1,2), target word 1 unaligned) and
     # (2,1) (diagonal to (1,2), source word 2 unaligned); final-and adds (3,3)
     assert got == {(0, 0), (1, 2), (1, 1), (2, 1), (3, 3)}
     assert got <= fwd | rev
-    assert mt.grow_diag_final_and(set(), set()) == set()
-    assert mt.grow_diag_final_and({(0, 1)}, {(0, 1)}) == {(0, 1)}
+    assert corpus.grow_diag_final_and(set(), set()) == set()
+    assert corpus.grow_diag_final_and({(0, 1)}, {(0, 1)}) == {(0, 1)}
 
 
 def test_detok_and_report(tmp_path):
@@ -775,7 +782,7 @@ def test_timed_logs_successful_steps_only(tmp_path):
     assert bad.returncode == 3
     step, seconds = times.read_text().split("\t")
     assert step == "align" and float(seconds) >= 0
-    assert mt._step_times(times)[0].startswith("| align | 1 | 0.0 |")
+    assert runs.step_time_rows(times)[0].startswith("| align | 1 | 0.0 |")
 
 
 def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
@@ -793,7 +800,7 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
                 (d / "mert" / f"run{n}.out").write_text("\n".join(out) + "\n")
             for part in ("dev", "test"):
                 (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 20.0, "signature": sig}))
-    curves = mt.mert_curves(tmp_path, ["baseline", "rnn"], tmp_path / "dev.fr")
+    curves = health.dev_bleu_curves(tmp_path, ["baseline", "rnn"], tmp_path / "dev.fr")
     assert len(curves["baseline"]["mert-1"]) == 2 and len(curves["rnn"]["mert-2"]) == 3
     assert curves["rnn"]["mert-1"][0] < curves["rnn"]["mert-1"][1] < curves["rnn"]["mert-1"][2] == pytest.approx(100.0)
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn",
@@ -808,10 +815,10 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     d.mkdir()
     for part, score in (("dev", 11.0), ("test", 17.5)):
         (d / f"{part}.bleu.json").write_text(json.dumps({"name": "BLEU", "score": score, "signature": sig}))
-    assert mt.tuning_name("mert", 0) == "mert-r0" and mt.tuning_name("mert") == "mert" == mt.tuning_name("mert", 20)
-    assert mt.tuning_name("kbmira", 0) == "kbmira"
-    assert mt.tuning_name("pro", 20, "-b") == "pro-bp" and mt.tuning_name("pro", 20, "-bx") == "pro"
-    assert mt.tuning_name("kbmira", 20, "-b") == "kbmira"
+    assert runs.tuning_name("mert", 0) == "mert-r0" and runs.tuning_name("mert") == "mert" == runs.tuning_name("mert", 20)
+    assert runs.tuning_name("kbmira", 0) == "kbmira"
+    assert runs.tuning_name("pro", 20, "-b") == "pro-bp" and runs.tuning_name("pro", 20, "-bx") == "pro"
+    assert runs.tuning_name("kbmira", 20, "-b") == "kbmira"
     mt.main(["report", str(tmp_path), str(tmp_path / "r0.md"), "--systems", "baseline rnn", "--restarts", "0"])
     report = (tmp_path / "r0.md").read_text()
     assert report.startswith("Tuner: mert (mert-moses.pl, --random-restarts 0); tunings systems/SYSTEM/mert-r0-K.")
@@ -838,7 +845,7 @@ def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
     ([10.8], "failed"),
 ])
 def test_tuning_health(scores, verdict):
-    h = mt.tuning_health(scores)
+    h = health.tuning_health(scores)
     assert h["verdict"] == verdict and h["first"] == 10.8 and h["best"] == max(scores)
     assert h["best_at"] == scores.index(max(scores)) + 1 and h["iterations"] == len(scores)
 
@@ -910,11 +917,17 @@ def test_tuners_side_by_side(tmp_path):
     assert "| Baseline | kbmira | 2 |" in (tmp_path / "report.tuners.md").read_text() and (tmp_path / "report.tuners.png").exists()
 
 
+# what a fake bin/moses holds to pass for one built with the CSLM feature (preflight looks for it)
+WITH_CSLM = f"# {preflight.CSLM_FEATURE_MARK.decode()}\n"
+
+
 def _fake_moses(root: Path, tuner: str = "pro") -> Path:
-    """A Moses folder with (empty) every program and script a run calls, as preflight checks them."""
-    for rel in ["bin/moses"] + mt.MOSES_NEEDS + mt.TUNER_NEEDS[tuner]:
+    """A Moses folder with (empty) every program and script a run calls, as preflight checks them,
+    and a bin/moses built with the CSLM feature."""
+    for rel in ["bin/moses"] + preflight.MOSES_NEEDS + preflight.TUNER_NEEDS[tuner]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).touch()
+    (root / "bin" / "moses").write_text(WITH_CSLM)
     return root
 
 
@@ -949,7 +962,7 @@ def test_a_new_tuning_redoes_nothing_finished(tmp_path):
         scripts / "filter-model-given-input.pl": 'mkdir -p "$1" && cp "$2" "$1/moses.ini"',
         scripts / "mert-moses.pl": 'wd=""; prev=""; for a in "$@"; do [ "$prev" = --working-dir ] && wd=$a; prev=$a; done\n'
                                    'mkdir -p "$wd" && printf "[weight]\\nLM0= 0.5\\n" > "$wd/moses.ini"',
-        moses / "bin" / "moses": "cat",
+        moses / "bin" / "moses": f"{WITH_CSLM}cat",
         tmp_path / "sacrebleu": 'echo \'{"score": 1.0}\'',
     }
     for path, body in fakes.items():
@@ -1060,7 +1073,7 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     """TUNER picks mert-moses.pl's optimiser: its options, the seed, TUNER_ARGS, the runs' folders,
     the report's tuner; anything else is refused in one line."""
     w = tmp_path / "w"
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-m 5")
     assert r.returncode == 0, r.stderr
     plan = r.stdout
     assert plan.count("mert-moses.pl") == 24 and plan.count(flag) == 8
@@ -1073,16 +1086,16 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     # times.tsv: the papers' tuner (mert, 20 restarts) as tune-SYSTEM, any other as tune-SYSTEM.TUNING
     assert ("tune-baseline -- " in plan) == (tuner == "mert") and (f"tune-baseline.{tuner} " in plan) == (tuner != "mert")
     if tuner == "mert":  # POSITIVE empty: no constraint
-        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="mert", POSITIVE="")
+        r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="mert", POSITIVE="")
         assert r.returncode == 0 and "mt.py positive" not in r.stdout and '--mertmertargs "-r 1 "' in r.stdout
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, NBEST="100")
     assert r.returncode == 0 and r.stdout.count("--nbest 100 ") == 24 and "--nbest 300" not in r.stdout
     # RESTARTS: mert's random restarts; other than 20 its tunings get their own folders and report
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0")
     assert (r.returncode == 0) == (tuner != "mert")  # mert: three tunings from one seedless optimiser
     if tuner == "mert":
         assert "RESTARTS=0 leaves mert's seed nothing to draw, so the RUNS=3 tunings would be identical" in r.stderr
-        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0", RUNS="1")
+        r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, RESTARTS="0", RUNS="1")
         assert r.returncode == 0, r.stderr
         assert f"{w}/systems/baseline/mert-r0-2/" not in r.stdout
     # pro's default TUNER_ARGS is -b (the pipeline's default tuner): its tunings are pro-bp-K
@@ -1092,21 +1105,21 @@ def test_dry_run_per_tuner(tmp_path, tuner, flag):
     assert (f"{w}/systems/baseline/{'pro-bp' if tuner == 'pro' else tuner}-1/" in r.stdout) == (tuner != "mert")
     assert "--restarts 0 " in r.stdout and f"tune-baseline.{tuning} " in r.stdout  # times.tsv tells tunings apart
     # TUNING names the tunings: those made with other TUNER_ARGS sit beside the tuner's own
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-x", TUNING=f"{tuner}-x")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-x", TUNING=f"{tuner}-x")
     assert r.returncode == 0, r.stderr
     assert f"{w}/systems/rnn/{tuner}-x-3/tuned.ini" in r.stdout and f"{w}/systems/rnn/{tuner}-3/" not in r.stdout
     assert f"tune-baseline.{tuner}-x " in r.stdout and f"--tuning {tuner}-x " in r.stdout and "-r 3 -x " in r.stdout
     # pro's -b (the smoothed brevity penalty) names its tunings pro-bp without TUNING; the report says -b
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-b")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER=tuner, TUNER_ARGS="-b")
     assert r.returncode == 0, r.stderr
     bp = f"{tuner}-bp" if tuner == "pro" else tuner
     assert f"{w}/systems/rnn/{bp}-3/tuned.ini" in r.stdout and f"{w}/report.{bp}.png" in r.stdout
     assert '--tuner-args="-b" ' in r.stdout and f"--tuning {bp} " in r.stdout
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNING="pro_b")
     assert r.returncode != 0 and "TUNING must be a name of letters, digits, dots and single hyphens, not 'pro_b'" in r.stderr
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), TUNER="adam")
     assert r.returncode != 0 and "TUNER must be mert, kbmira or pro, not adam" in r.stderr
-    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
+    r = _make("-n", "SYSTEMS=all", MOSES="/opt/mosesdecoder", WORK=str(w), SCORE_SCOPE="some")
     assert r.returncode != 0 and "SCORE_SCOPE must be all or devtest, not some" in r.stderr
 
 
@@ -1208,8 +1221,8 @@ def test_report_rows_of_an_augmented_system(tmp_path):
              "sentence_ids": [0, 1], "examples": [{"source": "red", "target": "rouge", "uses": 1, "sentence": 1},
                                                   {"source": "car", "target": "voiture", "uses": 1, "sentence": 2}]}
     (w / "systems" / "cslm-rnn-aug" / "mert-1" / "usage.json").write_text(json.dumps(usage))
-    text = "\n".join(mt.augmentation_rows(w, ["cslm-rnn", "cslm-rnn-aug"], "mert", tmp_path / "ref"))
+    text = "\n".join(sections.augmentation_rows(w, ["cslm-rnn", "cslm-rnn-aug"], "mert", tmp_path / "ref"))
     assert "2 generated lines added to the table's 10 (+20.0%)" in text
     assert "| mert-1 | 7 | 2 (2) | 2 | 100.00 |" in text  # the augmented outputs match the references there
     assert "| red | rouge | 1 | 1 | 100.0 |" in text and text.count("| yes |") == 2
-    assert mt.augmentation_rows(w, ["cslm-rnn"], "mert", tmp_path / "ref") == []
+    assert sections.augmentation_rows(w, ["cslm-rnn"], "mert", tmp_path / "ref") == []

@@ -1,0 +1,89 @@
+"""Where a run keeps its tunings and step times under WORK (systems/SYSTEM/TUNING-K, times.tsv),
+and how the scores of a system's tunings are summed up."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from mtcommon.textio import iter_lines
+
+from files import read_lines
+
+# the mert-moses.pl options each TUNER value adds (pipelines/Makefile), for the report's first line
+TUNER_FLAGS = {"mert": "", "kbmira": " --batch-mira", "pro": " --pairwise-ranked, megam by pipelines/megam.py"}
+MERT_RESTARTS = 20  # mert-moses.pl's default --random-restarts
+
+
+def tuning_name(tuner: str, restarts: int = MERT_RESTARTS, tuner_args: str = "") -> str:
+    """The prefix of a system's tuning folders, systems/SYSTEM/NAME-K: the tuner, with -rN for mert
+    run with N random restarts other than mert-moses.pl's 20, and -bp for pro with its -b (the
+    smoothed brevity penalty) among the tuner's arguments (pipelines/Makefile's TUNING)."""
+    if tuner == "mert" and restarts != MERT_RESTARTS:
+        return f"{tuner}-r{restarts}"
+    if tuner == "pro" and "-b" in tuner_args.split():
+        return "pro-bp"
+    return tuner
+
+
+def tunings(work: Path, system: str, tuner: str = "mert") -> dict[str, Path]:
+    """The tunings of a system by a tuner (or of that name, TUNING): run name -> folder
+    (systems/SYSTEM/TUNING-K, in the order of K; a folder with its own bleu.json, the layout of a single tuning, counts as one run named '')."""
+    folder = work / "systems" / system
+    prefix = f"{tuner}-"
+    folders = [d for d in folder.glob(prefix + "*") if d.is_dir() and d.name[len(prefix):].isdigit()]
+    runs = {d.name: d for d in sorted(folders, key=lambda d: int(d.name[len(prefix):]))}
+    if not runs and (folder / "test.bleu.json").exists():
+        runs[""] = folder
+    return runs
+
+
+def mean_sd(values: list[float]) -> str:
+    """`mean ± sd` (sample standard deviation) of one or more scores; one score alone."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{mean:.2f} ± {sd:.2f}"
+
+
+def pooled_outputs(work: Path, system: str, tuner: str) -> list[list[str]]:
+    """The test outputs (detokenized) of a system's tunings, or of a network alone (WORK/NAME/test.detok)."""
+    runs = [d / "test.detok" for d in tunings(work, system, tuner).values()] or [work / system / "test.detok"]
+    return [read_lines(p) for p in runs if p.exists()]
+
+
+def timed(times: str, step: str, command: list[str]) -> int:
+    """Run `command` (stdin, stdout and stderr inherited); when it succeeds, append
+    "STEP<TAB>seconds" to `times`. Returns the command's status."""
+    start = time.monotonic()
+    rc = subprocess.call(command)
+    if rc == 0:
+        with open(times, "a", encoding="utf-8") as f:  # one short line: an atomic append
+            f.write(f"{step}\t{time.monotonic() - start:.1f}\n")
+    return rc
+
+
+def step_time_rows(path: Path) -> list[str]:
+    """Markdown rows: per step, how many times it ran, its median and total minutes."""
+    return [f"| {step} | {len(v)} | {statistics.median(v):.1f} | {sum(v):.1f} |" for step, v in step_minutes(path).items()]
+
+
+def step_minutes(times: Path) -> dict[str, list[float]]:
+    """times.tsv's minutes per step: STEP -> [minutes of each run of it], in the file's order."""
+    steps: dict[str, list[float]] = {}
+    if times.exists():
+        for _, line in iter_lines(str(times)):
+            step, _, seconds = line.partition("\t")
+            try:
+                steps.setdefault(step, []).append(float(seconds) / 60)
+            except ValueError:
+                raise ValueError(f"{times}: not STEP<TAB>seconds: {line!r}") from None
+    return steps
+
+
+# the phrase networks a run may train: their folder under WORK -> their name in the report
+PHRASE_NETWORKS = {"rnn": "RNN Encoder–Decoder", "rnn-subword": "RNN Encoder–Decoder, subword units",
+                   "rnnsearch": "RNNsearch"}
