@@ -155,7 +155,8 @@ def test_dry_run_reranked_systems(tmp_path):
     the tuning's weights, both lists rescored by the sentence network (trained on the corpus's sentence
     pairs), the weights tuned on the dev list with the tuning's seed, each set's best hypotheses scored."""
     w = tmp_path / "w"
-    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", MOSES="/opt/mosesdecoder", WORK=str(w),
+    extras = ("RERANKED=baseline", "NETWORKS=sent sent-encdec")
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert r.returncode == 0, r.stderr
     plan = r.stdout
@@ -183,20 +184,19 @@ def test_dry_run_reranked_systems(tmp_path):
     assert (f"mt.py rerank-tune {run}/dev.nbest.rnn.gz --ref {w}/data/dev.fr --ini {base}/tuned.ini --moses "
             f"/opt/mosesdecoder --seed 2 --positive \"LexicalReordering0 TranslationModel0\"") in plan
     assert f"mt.py rerank {run}/$set.nbest.rnn.gz {run}/weights.txt --source {w}/data/$set.en" in plan
-    assert plan.count("mt.py rerank-tune") == 3 and "rnn-rerank" not in plan  # RERANKED: those in SYSTEMS
+    assert plan.count("mt.py rerank-tune") == 3 and "rnn-rerank" not in plan  # RERANKED: those named
     assert '--systems "baseline rnn baseline-rerank"' in plan
-    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANK_NBEST=300", MOSES="/opt/mosesdecoder", WORK=str(w),
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_NBEST=300", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert f"{run}/test.nbest.tmp 300 distinct" in r.stdout and "best300.out.gz 300 -o" in r.stdout
     for bad in ("301", "0", "many"):
         r = _make("-n", "BUDGET=1", f"RERANK_NBEST={bad}", MOSES="/opt/mosesdecoder", WORK=str(w),
                   DATA=str(tmp_path / "no-data"))
         assert r.returncode != 0 and f"RERANK_NBEST must be a number from 1 to NBEST (300), not {bad}" in r.stderr
-    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", MOSES="/opt/mosesdecoder", WORK=str(w),
+    # systems named without RERANKED and NETWORKS: neither reranking nor the sentence networks
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert "rescore-nbest" not in r.stdout
-    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", "RERANKED=", "NETWORKS=", MOSES="/opt/mosesdecoder", WORK=str(w),
-              DATA=str(tmp_path / "no-data"))
     assert "sent/model" not in r.stdout and '--networks ""' in r.stdout
 
 
@@ -311,7 +311,7 @@ def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
     (run / "dev.nbest.gz").write_bytes(b"")
     (run / "dev.nbest.rnn.gz").write_bytes(b"")
     old = [f"--old-file={p}" for p in (base / "test.bleu.json", w / "sent/model/.done")]
-    r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", MOSES="/opt/mosesdecoder",
+    r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", "RERANKED=baseline", MOSES="/opt/mosesdecoder",
               WORK=str(w), DATA=str(tmp_path / "no-data"))
     assert r.returncode == 0, r.stderr
     plan = r.stdout
@@ -319,7 +319,7 @@ def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
     assert f"rescore-nbest {run}/test.nbest.gz" in plan and "mt.py rerank-tune" in plan and "mt.py rerank " in plan
     (run / "test.nbest.rnn.gz").write_bytes(b"")
     (run / "weights.txt").write_text("")
-    r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", MOSES="/opt/mosesdecoder",
+    r = _make("-n", *old, str(run / "test.bleu.json"), "BUDGET=1", "SYSTEMS=baseline", "RERANKED=baseline", MOSES="/opt/mosesdecoder",
               WORK=str(w), DATA=str(tmp_path / "no-data"))
     assert "rescore-nbest" not in r.stdout and "rerank-tune" not in r.stdout and "mt.py rerank " in r.stdout
 
