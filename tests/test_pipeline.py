@@ -315,7 +315,7 @@ def test_reranking_resumes_at_the_step_it_was_in(tmp_path):
               WORK=str(w), DATA=str(tmp_path / "no-data"))
     assert r.returncode == 0, r.stderr
     plan = r.stdout
-    assert "bin/moses" not in plan and "best-iteration" not in plan
+    assert "/opt/mosesdecoder/bin/moses " not in plan and "best-iteration" not in plan
     assert f"rescore-nbest {run}/test.nbest.gz" in plan and "mt.py rerank-tune" in plan and "mt.py rerank " in plan
     (run / "test.nbest.rnn.gz").write_bytes(b"")
     (run / "weights.txt").write_text("")
