@@ -278,7 +278,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
                    "whose client has not read a reply in as long.")
 @click.option("--max-connections", type=click.IntRange(min=1),
               help="Most open connections; at the limit a new one closes the least recently active one without a "
-                   "request in flight (idle first, then one stalled mid-frame), or is refused (ERROR 9) if every "
+                   "request in flight (idle, or stalled mid-frame), or is refused (ERROR 9) if every "
                    "one has a request in flight [what the open-file limit leaves room for: `ulimit -n` less 128, "
                    "e.g. 896 under 1024].")
 @click.option("--max-pending", type=click.IntRange(min=1), default=16, show_default=True,

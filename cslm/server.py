@@ -14,8 +14,8 @@ further until one is answered (the client waits in its socket: backpressure), an
 hold at most `max_total_bytes`. Non-finite scores are never sent: such a request gets an ERROR reply.
 
 Connections are limited (`max_connections`, by default what the open-file limit leaves room for). At the
-limit a new connection closes the least recently active one without a request in flight: an idle one
-first, else one stalled in the middle of a frame (clients survive the close as after the idle timeout, and
+limit a new connection closes the least recently active one without a request in flight, idle or
+stalled in the middle of a frame (clients survive the close as after the idle timeout, and
 the Moses feature reconnects); only when every connection has a request in flight is the new one refused
 with an ERROR frame (E_BUSY). Should descriptors run out all the same (another limit, a lowered one), a
 failed accept() also closes such a connection. What the server reports about these events goes to stderr
@@ -80,9 +80,10 @@ class _Conn:
         self.receiving = False  # in the middle of a frame
         self.released = asyncio.Event()  # set when one of its requests is answered
 
-    def evictable(self, stalled: bool) -> bool:
-        """No request in flight, and idle (`stalled` False) or in the middle of a frame (`stalled` True)."""
-        return not self.pending and (self.receiving if stalled else self.awaiting)
+    @property
+    def evictable(self) -> bool:
+        """No request in flight, and idle or in the middle of a frame (not answering one)."""
+        return not self.pending and (self.awaiting or self.receiving)
 
 
 class Server:
@@ -116,9 +117,10 @@ class Server:
             self.server = await asyncio.start_server(self._connection, self.cfg.host, self.cfg.port,
                                                      limit=1 << 16, reuse_address=True, backlog=LISTEN_BACKLOG)
         except OSError as e:
-            reason = e.strerror or str(e)
-            raise UserError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {reason.lower()} (--host, --port; "
-                            f"--port 0 takes any free port)") from None
+            # asyncio's message repeats the address; the errno's own text does not
+            reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))
+            raise UserError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {reason[:1].lower()}{reason[1:]} "
+                            f"(--host, --port; --port 0 takes any free port)") from None
         self.batcher = Batcher(self.scorer, self.cfg.max_batch, self.cfg.max_delay, self.stats)
         self.batcher.task = asyncio.create_task(self.batcher.run())
         self._done = asyncio.Event()
@@ -149,15 +151,14 @@ class Server:
 
     # -- the connection limit -----------------------------------------------
     def _evict(self) -> bool:
-        """Close the least recently active connection without a request in flight, an idle one before one
-        stalled mid-frame; False if every connection has a request in flight."""
-        for stalled in (False, True):
-            for task, conn in self.connections.items():
-                if conn.evictable(stalled):
-                    del self.connections[task]  # counted out now: more connections may arrive before it ends
-                    task.cancel()
-                    self.stats.connections_evicted += 1
-                    return True
+        """Close the least recently active connection without a request in flight (idle, or stalled in the
+        middle of a frame); False if every connection has a request in flight."""
+        for task, conn in self.connections.items():
+            if conn.evictable:
+                del self.connections[task]  # counted out now: more connections may arrive before it ends
+                task.cancel()
+                self.stats.connections_evicted += 1
+                return True
         return False
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -256,7 +257,8 @@ class Server:
                 head = first + await _within(reader.readexactly(P.HEADER_SIZE - 1), loop.time() + cfg.frame_timeout)
                 length, type_, rid = P.parse_header(head)
                 if length > cfg.max_frame:
-                    raise P.ProtocolError(P.E_TOO_LARGE, f"frame of {length} bytes exceeds the limit of {cfg.max_frame}")
+                    raise P.ProtocolError(P.E_TOO_LARGE,
+                                          f"frame of {length} bytes exceeds the limit of {cfg.max_frame}")
                 if type_ not in P.REQUEST_TYPES:
                     raise P.ProtocolError(P.E_UNKNOWN_TYPE, f"unknown frame type 0x{type_:02x}")
                 await self._admit(conn, length)  # no deadline: the server, not the client, holds it up
