@@ -16,8 +16,8 @@ from tqdm import tqdm
 from mtcommon import nbest
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError, atomic_output, iter_lines
-from mtcommon.vocab import BOS, EOS
 
+from .client import RemoteBackend  # the Backend over a server (__all__)
 from .protocol import BACKOFF, UNKNOWN
 
 if TYPE_CHECKING:  # the engine (and torch) is only imported when scoring in process
@@ -30,36 +30,6 @@ class Backend(Protocol):
     def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]: ...
-
-
-class RemoteBackend:
-    """The Backend interface over a server connection (text requests, so back-off works remotely too)."""
-
-    def __init__(self, client, max_ngrams: int = 100_000):
-        self.client, self.order, self.max_ngrams = client, client.order, max_ngrams
-
-    def score_words(self, ngrams):
-        lps, fls = [], []
-        for i in range(0, len(ngrams), self.max_ngrams):
-            lp, fl = self.client.score_text([" ".join(g) for g in ngrams[i : i + self.max_ngrams]])
-            lps.append(lp)
-            fls.append(fl)
-        if not lps:
-            return np.empty(0, np.float32), np.zeros(0, np.uint8)
-        return np.concatenate(lps), np.concatenate(fls)
-
-    def score_sentences(self, sentences):
-        grams, sizes = [], []
-        for s in sentences:
-            padded = [BOS] * (self.order - 1) + list(s) + [EOS]
-            grams.extend(padded[j : j + self.order] for j in range(len(s) + 1))
-            sizes.append(len(s) + 1)
-        logp, flags = self.score_words(grams)
-        out, at = [], 0
-        for n in sizes:
-            out.append((logp[at : at + n], flags[at : at + n]))
-            at += n
-        return out
 
 
 def _windows(path: str, size: int) -> Iterator[list[tuple[int, str]]]:

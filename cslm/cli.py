@@ -11,6 +11,9 @@ import click
 from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
 
 
+from .limits import MAX_DELAY_US
+
+
 def _threads(n):
     """The project's one thread policy (mtcommon.runtime): N threads if given, else all cores."""
     from mtcommon.runtime import configure_threads, resolve_device
@@ -36,8 +39,7 @@ def _backend(model_dir, server, kenlm, device, self_normalized=False, mix=None):
     if model_dir:
         require_model_dir(model_dir, "cslm")
     if server:
-        from .apply import RemoteBackend
-        from .client import connect
+        from .client import RemoteBackend, connect
 
         if kenlm:
             raise click.UsageError("--kenlm belongs to the server (cslm serve --kenlm) when --server is used")
@@ -263,7 +265,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
               help="TCP port (0: any free port, printed on stderr).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Most n-grams scored in one engine call.")
-@click.option("--max-delay-us", type=click.IntRange(min=0), default=200, show_default=True,
+@click.option("--max-delay-us", type=click.IntRange(0, MAX_DELAY_US), default=200, show_default=True,
               help="Longest wait for other requests to join a batch (microseconds).")
 @click.option("--cache-size", type=click.IntRange(min=0), default=1_000_000, show_default=True,
               help="N-gram cache entries (0: no cache).")
@@ -271,10 +273,21 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
               help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
               help="Close connections silent this long (seconds).")
+@click.option("--frame-timeout", type=Number(min=0, min_open=True), default=30.0, show_default=True,
+              help="Close a connection whose frame, once begun, has not arrived whole in this many seconds, or "
+                   "whose client has not read a reply in as long.")
 @click.option("--max-connections", type=click.IntRange(min=1),
-              help="Most open connections; at the limit a new one closes the least recently active idle one, or "
-                   "is refused (ERROR 9) if every one has a request in flight [what the open-file limit leaves "
-                   "room for: `ulimit -n` less 128, e.g. 896 under 1024].")
+              help="Most open connections; at the limit a new one closes the least recently active one without a "
+                   "request in flight (idle, or stalled mid-frame), or is refused (ERROR 9) if every "
+                   "one has a request in flight [what the open-file limit leaves room for: `ulimit -n` less 128, "
+                   "e.g. 896 under 1024].")
+@click.option("--max-pending", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests one connection may have read and not yet answered; at the cap it is not read further "
+                   "until one is answered.")
+@click.option("--max-conn-bytes", type=click.IntRange(min=1),
+              help="Request bytes one connection may have read and not yet answered [2 x --max-frame].")
+@click.option("--max-total-bytes", type=click.IntRange(min=1),
+              help="Request bytes all connections together may have read and not yet answered [16 x --max-frame].")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back-off mode: score unknown words with this n-gram model.")
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
@@ -283,23 +296,29 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, max_connections,
-          kenlm, self_normalized, device, threads, port_file):
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, frame_timeout,
+          max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device, threads,
+          port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
-    from .server import ServerConfig, connection_limit, serve as run
+    from .limits import ServerConfig, connection_limit
+    from .server import check_port_file, serve as run
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until listening; then SIGTERM and SIGHUP stop it gracefully
     if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
     require_model_dir(model_dir, "cslm")
-    connection_limit(max_connections)  # an impossible limit is refused before the model loads
+    # impossible limits and an unwritable port file are refused before the model loads
+    cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
+                       cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout,
+                       frame_timeout=frame_timeout, max_connections=max_connections, max_pending=max_pending,
+                       max_conn_bytes=max_conn_bytes, max_total_bytes=max_total_bytes)
+    connection_limit(max_connections)
+    if port_file:
+        check_port_file(port_file)
     _threads(threads)
     engine = _engine(model_dir, device, kenlm, self_normalized)
     if self_normalized:
         _ = engine.tables  # build the premultiplied tables before listening, not on the first request
-    cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
-                       cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout,
-                       max_connections=max_connections)
     run(engine, cfg, name=model_dir, port_file=port_file, summary=True)
 
 

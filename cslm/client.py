@@ -208,3 +208,66 @@ class AsyncClient:
             await self.writer.wait_closed()
         except (ConnectionError, asyncio.CancelledError):
             pass
+
+
+class RemoteBackend:
+    """The Backend of cslm.apply over a server connection (`Client`), sending ids as the C++ client does.
+
+    The server's vocabulary is read once; words become ids here and go as SCORE requests, padded to the
+    model's order as the server would pad them. In back-off mode only the server can score a word outside
+    the shortlist, from its text: those n-grams go again as SCORE_TEXT, and their answers replace the
+    [UNK] class's.
+    """
+
+    def __init__(self, client: Client, max_ngrams: int = 100_000):
+        from mtcommon.vocab import Vocabulary
+
+        self.client, self.order = client, client.order
+        words = client.vocabulary()
+        self.vocab = Vocabulary(words, unk=words[client.info["unk_id"]])
+        self.bos_id, self.eos_id = client.info["bos_id"], client.info["eos_id"]
+        self.backoff = client.info["mode"] == "backoff"
+        # n-grams per request: within the server's frame limit
+        self.max_ngrams = max(1, min(max_ngrams, (client.info["max_frame_bytes"] - 8) // (4 * self.order)))
+
+    def _rows(self, ngrams) -> np.ndarray:
+        rows = np.full((len(ngrams), self.order), self.bos_id, np.int32)
+        for i, g in enumerate(ngrams):
+            if not 1 <= len(g) <= self.order:
+                raise ValueError(f"n-gram {i + 1} has {len(g)} words; allowed 1..{self.order}")
+            rows[i, self.order - len(g) :] = self.vocab.encode(g)
+        return rows
+
+    def _score(self, rows: np.ndarray, grams) -> tuple[np.ndarray, np.ndarray]:
+        """Padded id rows (and, in back-off mode, the word n-grams they came from) -> scores, flags."""
+        if not len(rows):
+            return np.empty(0, np.float32), np.zeros(0, np.uint8)
+        parts = [self.client.score(rows[i : i + self.max_ngrams]) for i in range(0, len(rows), self.max_ngrams)]
+        logp, flags = (np.concatenate(p) for p in zip(*parts))
+        if self.backoff:
+            unknown = np.flatnonzero(flags & P.UNKNOWN)
+            for i in range(0, len(unknown), self.max_ngrams):
+                at = unknown[i : i + self.max_ngrams]
+                logp[at], flags[at] = self.client.score_text([" ".join(grams(j)) for j in at])
+        return logp, flags
+
+    def score_words(self, ngrams):
+        return self._score(self._rows(ngrams), lambda j: ngrams[j])
+
+    def score_sentences(self, sentences):
+        from mtcommon.vocab import BOS, EOS
+
+        from .data import sentence_ngrams
+
+        sentences = [list(s) for s in sentences]
+        rows = [sentence_ngrams(self.vocab.encode(s), self.order, self.bos_id, self.eos_id) for s in sentences]
+        starts = np.cumsum([0] + [len(r) for r in rows])
+
+        def gram(j):  # the words of n-gram j, for back-off
+            k = int(np.searchsorted(starts, j, side="right")) - 1
+            words = [BOS] * (self.order - 1) + sentences[k] + [EOS]
+            at = j - starts[k]
+            return words[at : at + self.order]
+
+        logp, flags = self._score(np.concatenate(rows) if rows else np.zeros((0, self.order), np.int32), gram)
+        return [(logp[a:b], flags[a:b]) for a, b in zip(starts[:-1], starts[1:])]

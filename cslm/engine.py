@@ -138,6 +138,10 @@ class Engine:
             raise ValueError(f"n-grams must be an (N, n) array with 1 <= n <= {self.order}, got shape {ngrams.shape}")
         if ngrams.size and (ngrams.min() < 0 or ngrams.max() >= len(self.vocab)):
             raise ValueError(f"word id outside the vocabulary (0..{len(self.vocab) - 1})")
+        return self.left_pad(ngrams)
+
+    def left_pad(self, ngrams: np.ndarray) -> np.ndarray:
+        """`pad` without its checks, for ids already checked (the server's SCORE requests)."""
         ngrams = ngrams.astype(np.int32, copy=False)
         if ngrams.shape[1] < self.order:
             pad = np.full((len(ngrams), self.order - ngrams.shape[1]), self.bos_id, np.int32)
@@ -149,9 +153,12 @@ class Engine:
 
         The scores are ln P(last | previous) (exact softmax), or with `normalized=False`
         the unnormalised activations o_w of the self-normalised path."""
-        ngrams = self.pad(ngrams)
-        flags = (ngrams[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
-        out = self._run(ngrams, self._chunk if self.normalized else self._chunk_self_normalized, 1)
+        return self.score_rows(self.pad(ngrams))
+
+    def score_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`score_ids` of rows already padded (`pad`, `left_pad`, `word_rows`): (N, order) int32, contiguous."""
+        flags = (rows[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
+        out = self._run(rows, self._chunk if self.normalized else self._chunk_self_normalized, 1)
         return out[:, 0], flags
 
     def score_ids_log_z(self, ngrams: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -216,15 +223,19 @@ class Engine:
         """N-grams as word lists (1..order words each); back-off applies to unknown predicted words."""
         if not ngrams:
             return np.empty(0, np.float32), np.zeros(0, np.uint8)
+        logp, flags = self.score_rows(self.word_rows(ngrams))
+        if self.backoff is not None:
+            self.apply_backoff(ngrams, logp, flags)
+        return logp, flags
+
+    def word_rows(self, ngrams: Sequence[Sequence[str]]) -> np.ndarray:
+        """N-grams as word lists (1..order words each) -> padded (N, order) int32 ids, as `score_rows` takes."""
         rows = np.full((len(ngrams), self.order), self.bos_id, np.int32)
         for i, g in enumerate(ngrams):
             if not 1 <= len(g) <= self.order:
                 raise ValueError(f"n-gram {i + 1} has {len(g)} words; allowed 1..{self.order}")
             rows[i, self.order - len(g) :] = self.vocab.encode(g)
-        logp, flags = self.score_ids(rows)
-        if self.backoff is not None:
-            self.apply_backoff(ngrams, logp, flags)
-        return logp, flags
+        return rows
 
     def apply_backoff(self, ngrams: Sequence[Sequence[str]], logp: np.ndarray, flags: np.ndarray) -> None:
         """Replace the [UNK]-class value of unknown predicted words with the n-gram model's."""

@@ -313,23 +313,28 @@ def test_the_least_recently_active_idle_connection_goes_first(cslm_engine):
 
 
 def test_a_new_connection_is_refused_with_an_error_frame_when_every_one_is_busy(cslm_engine):
-    """A connection in the middle of a request is never closed to make room: the newcomer gets ERROR 9 (busy),
+    """A connection with a request in flight is never closed to make room: the newcomer gets ERROR 9 (busy),
     one line on the client's side, and gets in once a connection is idle again."""
+    import numpy as np
+
     from cslm import protocol as P
     from cslm.client import Client, ServerError
     from test_cslm_server import ServerThread, raw_connection, read_frame
+    from test_faults_server import ROWS, GatedEngine, wait_for
 
-    s = ServerThread(cslm_engine, max_connections=1, idle_timeout=30.0)
+    gated = GatedEngine(cslm_engine)
+    gated.gate.clear()
+    s = ServerThread(gated, max_connections=1, idle_timeout=30.0)
     try:
         a = raw_connection(s.port)
-        frame = P.frame(P.LOOKUP, 5, P.encode_lookup(["w1", "w2"]))
-        a.sendall(frame[:P.HEADER_SIZE + 2])  # a request half sent: a is busy
-        time.sleep(0.3)
+        grams = np.ones((ROWS, 7), np.int32)
+        a.sendall(P.frame(P.SCORE, 5, P.encode_score(grams)))
+        wait_for(lambda: len(gated.batches) == 1, "a's request in the engine")  # a is busy
         with pytest.raises(ServerError, match="server busy: all 1 connections have requests in flight") as e:
             Client("127.0.0.1", s.port, timeout=10)
         assert e.value.code == P.E_BUSY == 9
-        a.sendall(frame[P.HEADER_SIZE + 2 :])
-        assert read_frame(a)[:2] == (P.LOOKUP | P.REPLY, 5)
+        gated.gate.set()
+        assert read_frame(a)[:2] == (P.SCORES, 5)
         with Client("127.0.0.1", s.port, timeout=10) as c:  # a is idle now: closed to make room
             assert c.lookup(["w1"]).tolist() == cslm_engine.vocab.encode(["w1"])
             stats = c.stats()
@@ -337,6 +342,7 @@ def test_a_new_connection_is_refused_with_an_error_frame_when_every_one_is_busy(
         assert stats["connection_limit"] == {"max": 1, "evicted": 1, "refused": 1}
         a.close()
     finally:
+        gated.gate.set()
         s.stop()
 
 

@@ -123,3 +123,13 @@ def test_architectures_build_only_on_the_base_module():
     assert g["moses_rnn.networks.rnnsearch"] == {"moses_rnn.networks.modelbase"}
     assert g["moses_rnn.networks.modelbase"] <= {"mtcommon.errors", "moses_rnn.networks"}
     assert g["mtcommon.errors"] == set() and g["moses_rnn.networks"] == set()
+
+
+def test_the_servers_rooms_build_on_each_other_one_way():
+    """cslm.server wires the rooms; the limits, the statistics and the batcher import neither it, nor the
+    engine (and so not torch), nor each other beyond the statistics the batcher counts into."""
+    g = import_graph()
+    assert g["cslm.limits"] <= {"cslm.protocol", "mtcommon.errors"}
+    assert g["cslm.stats"] <= {"cslm.protocol"}
+    assert g["cslm.batcher"] <= {"cslm.stats"}
+    assert {"cslm.limits", "cslm.stats", "cslm.batcher"} <= g["cslm.server"]
