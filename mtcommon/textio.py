@@ -507,9 +507,12 @@ class _FixedBlocks:
 def check_inputs(paths: Iterable[str | None]) -> None:
     """Refuse, in one line naming it, an input (None: not given; '-': stdin) that does not exist or is a
     folder: what a command checks before it loads a model. Only `stat`ed, never opened: a FIFO opened and
-    closed here would lose its writer."""
+    closed here would lose its writer. Stdin can be one input only: the first would read it to its end."""
+    paths = [p for p in paths if p is not None]
+    if paths.count("-") > 1:
+        raise UserError("stdin ('-') is given as more than one input: it can be read once")
     for path in paths:
-        if path is None or path == "-":
+        if path == "-":
             continue
         try:
             info = os.stat(path)

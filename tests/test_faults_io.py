@@ -24,6 +24,7 @@ from cslm.cli import main as cslm_main
 from moses_rnn.cli import main as rnn_main
 from moses_rnn.formats.phrasetable import parse_line, parse_window, parse_window_exactly
 from mtcommon import nbest
+from mtcommon.errors import UserError
 from mtcommon.textio import InputError, iter_line_blocks, iter_lines
 from test_faults import assert_one_line_error, tiny_cslm  # noqa: F401 (a shared session fixture)
 
@@ -163,6 +164,21 @@ def test_stdin_through_a_pipe_is_read_whole(table, compress, first):
 def test_a_pipe_cannot_be_entered_at_a_byte_offset(pipe, table):
     with pytest.raises(ValueError, match="a pipe at byte 10"):
         next(iter_line_blocks(pipe(table.read_bytes()), 10, start=10))
+
+
+def test_stdin_given_as_two_inputs_is_refused(tmp_path, tiny_model):
+    r = invoke(rnn_main, "rescore-nbest", "-", "--source", "-", "-m", tiny_model, "-o", tmp_path / "out", "--quiet")
+    assert r.exit_code == 1
+    assert_one_line_error(r.output, "stdin ('-')", "more than one input")
+
+
+def test_sharded_scoring_refuses_a_pipe(pipe, tmp_path, table):
+    """Every torchrun process reads the table by byte offsets: a pipe cannot be shared, so it is refused
+    before any process reads it (a single process streams it: `test_score_reads_a_pipe_whole`)."""
+    from moses_rnn.scoring.shard import _score_shard
+
+    with pytest.raises(UserError, match="sharded scoring .* needs a table file, not a pipe"):
+        _score_shard(None, pipe(table.read_bytes()), str(tmp_path / "out"), False, False, 100, 1, False, None)
 
 
 def test_score_reads_a_pipe_whole(pipe, tmp_path, table, tiny_model):
