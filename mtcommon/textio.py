@@ -5,12 +5,15 @@ file, a pipe (`<(...)`, a FIFO, /dev/fd/N) or '-' (stdin). It opens the input
 once and reads each byte once: the gzip magic bytes (not the file name) are
 sniffed from the opened stream and handed on with the rest of it, since a pipe
 cannot be read twice. Gzip is decompressed with ISA-L in a background thread,
-so a 10 GB table streams in constant memory. Writing: `atomic_output` writes to a temporary file in the
-destination's folder and renames it over the destination only when the block
-finishes without an exception, so an interrupted or failed run never leaves a
-partial file and never touches a previous output. A `.gz` destination is
+so a 10 GB table streams in constant memory.
+
+Writing: `atomic_output` writes to a temporary file in the destination's
+folder and renames it over the destination only when the block finishes
+without an exception, so an interrupted or failed run never leaves a partial
+file and never touches a previous output. A `.gz` destination is
 compressed with ISA-L's multi-threaded gzip writer (`benchmarks/bench_rewrite.py`
 times it against `gzip -c`: docs/scoring.md, "The rewrite with a small model").
+
 Checking: `check_paths` is the one check of a command's files before any work
 (inputs that exist, an output that is not one of them: `check_output`, which
 `atomic_output` applies too, so no command can write over its own input).
