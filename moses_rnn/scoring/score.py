@@ -33,7 +33,7 @@ from mtcommon.errors import UserError
 from mtcommon.modeldir import ModelError
 from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, dtype_name,
                               exit_with_parent, is_big, probe_dtype, resolve_device)
-from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
+from mtcommon.textio import atomic_output, count_lines, decode_line, iter_line_blocks
 from mtcommon.vocab import EOS, Vocabulary
 
 from ..formats.phrasetable import (MAX_PHRASE_WORDS, empty_table_error, format_columns, parse_line, parse_window,
