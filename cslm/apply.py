@@ -57,7 +57,7 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
     """
     lines = tokens = unknown = 0
     total = 0.0
-    with atomic_output(output) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+    with atomic_output(output, inputs=[path]) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
         for win in _windows(path, window):
             if ngrams:
                 grams = [line.split() for _, line in win]
@@ -223,7 +223,7 @@ def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM
     """Append `<feature>= <sum ln P> <unknown words>` to each hypothesis's scores (`mtcommon.nbest`:
     everything else is kept byte for byte, the total too: the tuner recomputes it from the weights)."""
     count = 0
-    with atomic_output(output) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True) as bar:
+    with atomic_output(output, inputs=[path]) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True) as bar:
         for hyps in nbest.windows(path, window):
             results = backend.score_sentences([h.text.split() for h in hyps])
             values = [(float(np.sum(lp, dtype=np.float64)), int(np.count_nonzero(fl[:-1] & UNKNOWN)))

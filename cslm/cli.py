@@ -9,6 +9,7 @@ import sys
 import click
 
 from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon.textio import check_paths
 
 
 from .limits import MAX_DELAY_US
@@ -152,6 +153,7 @@ def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
         raise click.UsageError(f"{'--backoff' if backoff else '--mix'} needs --kenlm")
     if backoff and mix is not None:
         raise click.UsageError("--mix interpolates the network's own [UNK] probabilities: not with --backoff")
+    check_paths([text])
     require_model_dir(model_dir, "cslm")
     _threads(threads)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
@@ -228,6 +230,7 @@ def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, 
     from .apply import score_file
 
     model_dir, text = _split_paths(paths, server, "TEXT")
+    check_paths([text], output)
     _threads(threads)
     backend = _backend(model_dir, server, kenlm, device, self_normalized, mix)
     summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet)
@@ -251,6 +254,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
     from .apply import rescore_nbest as run
 
     model_dir, nbest = _split_paths(paths, server, "NBEST")
+    check_paths([nbest], output)
     _threads(threads)
     backend = _backend(model_dir, server, kenlm, device, mix=mix)
     summary = run(backend, nbest, output, feature=feature, progress=not quiet)

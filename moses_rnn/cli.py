@@ -8,6 +8,7 @@ import os
 import click
 
 from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon.textio import check_paths
 
 from . import __version__
 from .networks import ARCHS
@@ -130,10 +131,9 @@ def score(table, model_dir, output, normalize, unknown, device, dtype, threads, 
     from .scoring.score import setup_scoring, workers_warning
     from .scoring.shard import score_table
 
-    require_model_dir(model_dir, "moses-rnn")
     output = output or default_output(table)
-    if output != "-" and os.path.abspath(output) == os.path.abspath(table):
-        raise click.ClickException("output would overwrite the input table")
+    check_paths([table], output)
+    require_model_dir(model_dir, "moses-rnn")
     with setup_scoring(model_dir, table, device, threads, workers, token_budget, dtype,
                        Distributed.from_env()) as setup:
         warning = workers_warning(setup.workers, setup.dist.local_world) if workers else None
@@ -301,6 +301,7 @@ def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk,
     """Draw N samples for each source phrase; list the distinct targets by model score, with counts."""
     from mtcommon.textio import atomic_output
 
+    check_paths([input_file], output)
     sources = _sources(phrases, input_file)
     gen = _generator(model_dir, device)
     with atomic_output(output) as out:
@@ -338,6 +339,7 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
         raise click.UsageError("give source phrases as arguments or with -i FILE (one of the two)")
     if not 1 <= n_best <= beam:
         raise click.BadParameter(f"must be between 1 and the beam ({beam})", param_hint="--n-best")
+    check_paths([input_file], output)
     gen = _generator(model_dir, device)
     stats = translate_lines(gen, phrases or read_lines(input_file), output, beam=beam, n_best=n_best,
                             normalize=normalize, allow_unk=not no_unk, replace_unk=replace_unk, batch=batch,
@@ -349,10 +351,10 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
 
 
 @main.command()
-@click.argument("table", type=click.Path(exists=True, dir_okay=False))
+@click.argument("table", type=click.Path(dir_okay=False))
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("-o", "--output", required=True, help="The augmented table (.gz: compressed).")
-@click.option("--input", "input_file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--input", "input_file", type=click.Path(dir_okay=False),
               help="Tokenized text: its n-grams the table lacks become new sources.")
 @click.option("-k", "--beam", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--per-source", type=click.IntRange(min=1), default=3, show_default=True,
@@ -377,8 +379,7 @@ def augment(table, model_dir, output, input_file, beam, per_source, few, max_new
     from .formats.lexical import LexicalTable
     from .generation.augment import AugmentConfig, augment_table
 
-    if os.path.abspath(output) == os.path.abspath(table):
-        raise click.ClickException("output would overwrite the input table")
+    check_paths([table, input_file, lex_f2e, lex_e2f], output)
     lex = []
     for given, name in ((lex_f2e, "lex.f2e"), (lex_e2f, "lex.e2f")):
         path = given or os.path.join(os.path.dirname(os.path.abspath(table)), name)
@@ -397,7 +398,7 @@ def augment(table, model_dir, output, input_file, beam, per_source, few, max_new
 @main.command("rescore-nbest")
 @click.argument("nbest", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--source", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="The tokenized source sentences the list translates, one a line (ids count from 0).")
 @click.option("-o", "--output", required=True, help="Rescored n-best list ('-' for stdout).")
 @click.option("--feature", default="RNN0", show_default=True, help="The feature's name in the list.")
@@ -413,6 +414,7 @@ def rescore_nbest(nbest, model_dir, source, output, feature, unknown, device, dt
     from .scoring.nbest import rescore_nbest as run
     from .scoring.score import PhraseScorer
 
+    check_paths([nbest, source], output)
     require_model_dir(model_dir, "moses-rnn")
     scorer = PhraseScorer.from_dir(model_dir, device=device, dtype=dtype)
     configure_threads(scorer.device, threads, scorer.model.config)
@@ -512,7 +514,7 @@ def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, t
     from .analysis.analyze import table2
 
     t = table2(table, tm_column, rnn_column, min_words, per_group, top, rare_max, min_targets, seed)
-    with atomic_output(output) as out:
+    with atomic_output(output, inputs=[table]) as out:
         out.write(t.markdown().encode("utf-8"))
     click.echo(f"{t.long_sources} source phrases of {min_words}+ words; "
                f"{len(t.frequent)} frequent and {len(t.rare)} rare listed", err=True)
@@ -568,7 +570,7 @@ def analyze_columns(tables, output, labels, tm_column, min_words, examples, seed
     if output == "-":
         click.get_binary_stream("stdout").write(text)
     else:
-        with atomic_output(output, compress=False) as out:
+        with atomic_output(output, compress=False, inputs=tables) as out:
             out.write(text)
     click.echo(f"{result.pairs:,} pairs compared", err=True)
 
@@ -596,7 +598,7 @@ def analyze_augmented(table, trace, source, output, examples):
     if output == "-":
         click.get_binary_stream("stdout").write(text)
     else:
-        with atomic_output(output, compress=False) as out:
+        with atomic_output(output, compress=False, inputs=[table, trace, source]) as out:
             out.write(text)
     click.echo(f"{u.used:,} of {u.phrases:,} phrases of the 1-best were generated pairs ({len(u.pairs):,} distinct), "
                f"in {len(u.sentences_using):,} of {u.sentences:,} sentences", err=True)

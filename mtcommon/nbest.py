@@ -10,13 +10,16 @@ kept, the total too (the tuner recomputes it from the weights). Both rescorers,
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Sequence
 
 from .errors import UserError
+from .scores import SEPARATORS, parse_number, split_numbers
 from .textio import InputError, iter_lines
 
 SEPARATOR = " ||| "
+_ID = re.compile(r"[0-9]+\Z")  # a sentence id: ASCII digits, as Moses writes it
 
 
 @dataclass
@@ -37,15 +40,16 @@ class Hypothesis:
 
     def features(self) -> list[tuple[str, float]]:
         """The dense feature scores, each named as Moses's `extractor` names them: `NAME_i` for the
-        i-th score after `NAME=`. A value that is not a number is a ValueError."""
+        i-th score after `NAME=`. A value that is not a number as Moses reads it (`mtcommon.scores`) is a
+        ValueError."""
         out, name, index = [], None, 0
-        for token in self.fields[2].split():
+        for token in split_numbers(self.fields[2]):
             if token.endswith("="):
                 name, index = token[:-1], 0
                 continue
             if name is None:
                 raise ValueError(f"score {token!r} before any feature name")
-            out.append((f"{name}_{index}", float(token)))
+            out.append((f"{name}_{index}", parse_number(token)))
             index += 1
         return out
 
@@ -67,7 +71,7 @@ def _fmt(value: float | int) -> str:
 def parse(line: str, path: str, lineno: int) -> Hypothesis:
     """One n-best line (without its newline); an InputError naming the file and line if it is not one."""
     fields = line.split(SEPARATOR)
-    if len(fields) < 4 or not fields[0].strip().isdigit():
+    if len(fields) < 4 or not _ID.match(fields[0].strip(SEPARATORS)):  # not str.isdigit(): it takes '²' and '٣'
         raise InputError(path, lineno, "not a Moses n-best line (id ||| hypothesis ||| scores ||| total)")
     return Hypothesis(lineno, fields)
 

@@ -1,13 +1,22 @@
 """Streaming text I/O shared by every tool: plain or gzip input, atomic output.
 
-Reading: `open_input` sniffs the gzip magic bytes (not the file name) and
-decompresses with ISA-L in a background thread, so a 10 GB table streams in
-constant memory. Writing: `atomic_output` writes to a temporary file in the
-destination's folder and renames it over the destination only when the block
-finishes without an exception, so an interrupted or failed run never leaves a
-partial file and never touches a previous output. A `.gz` destination is
+Reading: `open_input` is the one way every tool opens an input: a file, a gzip
+file, a pipe (`<(...)`, a FIFO, /dev/fd/N) or '-' (stdin). It opens the input
+once and reads each byte once: the gzip magic bytes (not the file name) are
+sniffed from the opened stream and handed on with the rest of it, since a pipe
+cannot be read twice. Gzip is decompressed with ISA-L in a background thread,
+so a 10 GB table streams in constant memory.
+
+Writing: `atomic_output` writes to a temporary file in the destination's
+folder and renames it over the destination only when the block finishes
+without an exception, so an interrupted or failed run never leaves a partial
+file and never touches a previous output. A `.gz` destination is
 compressed with ISA-L's multi-threaded gzip writer (`benchmarks/bench_rewrite.py`
 times it against `gzip -c`: docs/scoring.md, "The rewrite with a small model").
+
+Checking: `check_paths` is the one check of a command's files before any work
+(inputs that exist, an output that is not one of them: `check_output`, which
+`atomic_output` applies too, so no command can write over its own input).
 
 A gzip input that is cut short (a half-copied file) or corrupt (bad deflate
 data, CRC mismatch) raises `InputError` naming the file and the last line
@@ -31,10 +40,11 @@ import io
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import zlib
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
 from isal import igzip_threaded, isal_zlib
@@ -59,6 +69,8 @@ def gzip_error(path: str, lines_read: int, exc: BaseException) -> "InputError":
 
 
 def is_gzip(path: str) -> bool:
+    """Whether the regular file `path` starts with the gzip magic bytes (it is opened for this alone: never
+    ask it of a pipe, which would lose what it reads; `open_input` sniffs its own stream)."""
     with open(path, "rb") as f:
         return f.read(2) == GZIP_MAGIC
 
@@ -78,9 +90,11 @@ class _GzipFile(io.RawIOBase):
     they report the lines truly read, and never hand on a line cut by the damage.
     """
 
-    def __init__(self, path: str):
-        self.path = path
-        self.opened = igzip_threaded.open(path, "rb", threads=1)  # kept: collecting it would close its raw reader
+    def __init__(self, path: str, source: BinaryIO, start: int | None):
+        self.path = path  # for messages
+        self.source = source  # the opened input, owned (closed with this)
+        self.start = start  # where the gzip data starts in `source`; None: a stream that cannot be read again
+        self.opened = igzip_threaded.open(source, "rb", threads=1)  # kept: collecting it would close its raw reader
         self.fast = self.opened.raw  # read directly: the only buffer is the one around this object
         self.delivered = 0  # bytes handed out
         self.exact: Iterator[bytes] | None = None  # after a failure of the fast reader
@@ -99,9 +113,12 @@ class _GzipFile(io.RawIOBase):
             try:
                 n = self.fast.readinto(b)
             except GZIP_ERRORS as e:
+                if self.start is None:  # a pipe: what was read is gone, and so is the exact reading
+                    raise
                 self.failed, self.fast_error = True, e
-                self.opened.close()
-                self.exact = _exact_gzip(self.path, skip=self.delivered)
+                self.opened.close()  # its reading thread stops; the source stays open
+                self.source.seek(self.start)
+                self.exact = _exact_gzip(self.path, self.source, skip=self.delivered)
             else:
                 self.delivered += n
                 return n
@@ -136,6 +153,7 @@ class _GzipFile(io.RawIOBase):
             if self.exact is not None:
                 self.exact.close()
             self.pending.release()
+            self.source.close()
         super().close()
 
 
@@ -149,61 +167,123 @@ def _raise_held_error(stream: BinaryIO) -> None:
 _TRUNCATED = "Compressed file ended before the end-of-stream marker was reached"  # the decompressors' EOFError
 
 
-def _exact_gzip(path: str, skip: int = 0, chunk: int = 1 << 16) -> Iterator[bytes]:
-    """The decompressed bytes of the gzip file `path` after the first `skip`, member by member, as `gzip -d`
-    reads them: a member cut short raises EOFError, a damaged one the decompressor's error; after the last
-    member, zero bytes are padding, a single other byte is a member header cut short (EOFError), and more
-    bytes that do not start a member are trailing garbage: a warning on stderr, then the end."""
-    with open(path, "rb") as f:
-        rest = b""
-        while True:
-            if len(rest) < 2:
-                rest += f.read(chunk)
+def _exact_gzip(path: str, f: BinaryIO, skip: int = 0, chunk: int = 1 << 16) -> Iterator[bytes]:
+    """The decompressed bytes of the gzip stream `f` (named `path`), from its position, after the first
+    `skip`, member by member, as `gzip -d` reads them: a member cut short raises EOFError, a damaged one the
+    decompressor's error; after the last member, zero bytes are padding, a single other byte is a member
+    header cut short (EOFError), and more bytes that do not start a member are trailing garbage: a warning
+    on stderr, then the end."""
+    rest = b""
+    while True:
+        if len(rest) < 2:
+            rest += f.read(chunk)
+        if not rest:
+            return
+        if rest[:2] != GZIP_MAGIC:
+            garbage, nonzero = len(rest), bool(rest.strip(b"\0"))
+            while data := f.read(chunk):
+                garbage += len(data)
+                nonzero = nonzero or bool(data.strip(b"\0"))
+            if not nonzero:
+                return  # zero padding (tar blocks): gzip ignores it silently
+            if garbage == 1:
+                raise EOFError(_TRUNCATED)
+            print(f"warning: {path}: {garbage} bytes of trailing garbage after the gzip data ignored "
+                  f"(as gzip -d does)", file=sys.stderr, flush=True)
+            return
+        member = isal_zlib.decompressobj(wbits=31)  # one gzip member, header and CRC checked
+        while not member.eof:
             if not rest:
-                return
-            if rest[:2] != GZIP_MAGIC:
-                garbage, nonzero = len(rest), bool(rest.strip(b"\0"))
-                while data := f.read(chunk):
-                    garbage += len(data)
-                    nonzero = nonzero or bool(data.strip(b"\0"))
-                if not nonzero:
-                    return  # zero padding (tar blocks): gzip ignores it silently
-                if garbage == 1:
-                    raise EOFError(_TRUNCATED)
-                print(f"warning: {path}: {garbage} bytes of trailing garbage after the gzip data ignored "
-                      f"(as gzip -d does)", file=sys.stderr, flush=True)
-                return
-            member = isal_zlib.decompressobj(wbits=31)  # one gzip member, header and CRC checked
-            while not member.eof:
+                rest = f.read(chunk)
                 if not rest:
-                    rest = f.read(chunk)
-                    if not rest:
-                        raise EOFError(_TRUNCATED)
-                piece, rest = rest[:chunk], rest[chunk:]
-                out = member.decompress(piece)
-                if skip:
-                    cut = min(skip, len(out))
-                    out, skip = out[cut:], skip - cut
-                if out:
-                    yield out
-            rest = member.unused_data + rest
+                    raise EOFError(_TRUNCATED)
+            piece, rest = rest[:chunk], rest[chunk:]
+            out = member.decompress(piece)
+            if skip:
+                cut = min(skip, len(out))
+                out, skip = out[cut:], skip - cut
+            if out:
+                yield out
+        rest = member.unused_data + rest
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream that cannot be read twice (a pipe), its first bytes already read to sniff its format: those
+    bytes, then the rest of the stream. Closing it closes the stream."""
+
+    def __init__(self, head: bytes, rest: BinaryIO):
+        self.head, self.rest = head, rest
+        self._read_rest = getattr(rest, "readinto1", rest.readinto)  # one read at a time: lines as they come
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.head:
+            n = min(len(b), len(self.head))
+            b[:n], self.head = self.head[:n], self.head[n:]
+            return n
+        return self._read_rest(b) or 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self.rest.close()
+        super().close()
+
+
+def _read_exactly(f: BinaryIO, n: int) -> bytes:
+    """The next `n` bytes of `f` (fewer at its end), however a pipe hands them over."""
+    data = b""
+    while len(data) < n and (piece := f.read(n - len(data))):
+        data += piece
+    return data
+
+
+def _open_error(path: str, e: OSError) -> "InputError":
+    """An input that cannot be opened, in one line naming it ("t.gz: no such file")."""
+    if isinstance(e, FileNotFoundError):
+        what = "no such file"
+    elif isinstance(e, IsADirectoryError):
+        what = "is a folder, not a file"
+    else:
+        what = (e.strerror or type(e).__name__).lower()
+    return InputError(path, None, what)
+
+
+def _open(path: str) -> tuple[BinaryIO, bool]:
+    """`open_input`'s stream, and whether it is a plain (not compressed) file that can seek."""
+    if path == "-":
+        source = sys.stdin.buffer
+    else:
+        try:
+            source = open(path, "rb", buffering=0)
+        except OSError as e:
+            raise _open_error(path, e) from None
+    try:
+        try:
+            start = source.tell() if source.seekable() else None
+        except OSError:
+            start = None
+        head = _read_exactly(source, len(GZIP_MAGIC))
+        if start is not None:
+            source.seek(start)
+        if head == GZIP_MAGIC:
+            if start is None:  # not read again on failure: the threaded reader's error is the one raised
+                source = io.BufferedReader(_Prefixed(head, source), buffer_size=1 << 17)
+            return io.BufferedReader(_GzipFile(path, source, start), buffer_size=1 << 17), False
+        if start is None:
+            return io.BufferedReader(_Prefixed(head, source), buffer_size=1 << 20), False
+        return (io.BufferedReader(source, buffer_size=1 << 20) if path != "-" else source), True
+    except BaseException:
+        source.close()
+        raise
 
 
 def open_input(path: str) -> BinaryIO:
-    """Open `path` ('-' for stdin) for binary reading, decompressing gzip (a file: `_GzipFile`)."""
-    if path == "-":
-        raw = sys.stdin.buffer
-        head = raw.peek(2)[:2] if hasattr(raw, "peek") else b""
-        if head == GZIP_MAGIC:
-            return igzip_threaded.open(raw, "rb", threads=1)
-        return raw
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    if is_gzip(path):
-        if os.path.isfile(path):  # can be read again if the fast reader fails
-            return io.BufferedReader(_GzipFile(path), buffer_size=1 << 17)
-        return igzip_threaded.open(path, "rb", threads=1)
-    return open(path, "rb", buffering=1 << 20)
+    """Open the input `path` for binary reading: a file, a gzip file (decompressed, `_GzipFile`), a pipe or
+    FIFO (`<(...)`, /dev/fd/N) or '-' (stdin). The input is opened once and each byte read once, whatever
+    it is (see the module's docstring). An input that cannot be opened is an InputError naming it."""
+    return _open(path)[0]
 
 
 def decode_line(raw: bytes, path: str, lineno: int) -> str:
@@ -251,11 +331,12 @@ def iter_line_blocks(path: str, lines: int, start: int = 0, first_line: int = 1,
     pieces: list[bytes] = []
     want = lines if max_lines is None else min(lines, max_lines)
     try:
-        with contextlib.closing(open_input(path)) as f:
+        f, plain_file = _open(path)
+        with contextlib.closing(f):
             if start:
-                if path == "-" or is_gzip(path):
-                    raise ValueError(f"{path}: cannot start reading a compressed stream at byte {start}")
-                f.seek(start)
+                if not plain_file:
+                    raise ValueError(f"{path}: cannot start reading a compressed stream or a pipe at byte {start}")
+                f.seek(start, os.SEEK_CUR)
             while want > 0:
                 chunk = f.read(BLOCK_BYTES)
                 if not chunk:
@@ -426,15 +507,71 @@ class _FixedBlocks:
         self.raw.close()
 
 
+def check_inputs(paths: Iterable[str | None]) -> None:
+    """Refuse, in one line naming it, an input (None: not given; '-': stdin) that does not exist or is a
+    folder: what a command checks before it loads a model. Only `stat`ed, never opened: a FIFO opened and
+    closed here would lose its writer. Stdin can be one input only: the first would read it to its end."""
+    paths = [p for p in paths if p is not None]
+    if paths.count("-") > 1:
+        raise UserError("stdin ('-') is given as more than one input: it can be read once")
+    for path in paths:
+        if path == "-":
+            continue
+        try:
+            info = os.stat(path)
+        except OSError as e:
+            raise _open_error(path, e) from None
+        if stat.S_ISDIR(info.st_mode):
+            raise _open_error(path, IsADirectoryError())
+
+
+def check_output(path: str, inputs: Iterable[str | None] = ()) -> None:
+    """Refuse, in one line naming it, an output `path` ('-': stdout, always fine) that `atomic_output` could
+    not put in place: in a folder that does not exist, a folder itself, or the same file as one of `inputs`
+    (also through a symbolic or hard link), which writing it would destroy."""
+    if path == "-":
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"{path}: the output folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a folder; give the output a file name")
+    try:
+        out = os.stat(path)
+    except OSError:  # not there yet (or a dangling link, which the output replaces): no input it can be
+        return
+    for given in inputs:
+        if given is None or given == "-":
+            continue
+        try:
+            same = os.path.samestat(out, os.stat(given))
+        except OSError:
+            continue
+        if same:
+            what = "an input" if given == path else f"the input {given} (the same file)"
+            raise UserError(f"{path}: the output would overwrite {what}: give another output")
+
+
+def check_paths(inputs: Iterable[str | None], output: str | None = None) -> None:
+    """`check_inputs` and `check_output`: the one check of a command's files before it does any work."""
+    inputs = list(inputs)
+    check_inputs(inputs)
+    if output is not None:
+        check_output(output, inputs)
+
+
 @contextlib.contextmanager
-def atomic_output(path: str, compress: bool | None = None, threads: int | None = None) -> Iterator[BinaryIO]:
+def atomic_output(path: str, compress: bool | None = None, threads: int | None = None,
+                  inputs: Iterable[str | None] = ()) -> Iterator[BinaryIO]:
     """Yield a binary stream whose contents replace `path` only on success.
 
     `path` '-' writes to stdout (no atomicity is possible there). `compress`
-    defaults to whether `path` ends in '.gz'. The temporary file,
+    defaults to whether `path` ends in '.gz'. `path` must not be any of `inputs`
+    (`check_output`). The temporary file,
     `.NAME.HOST-PID.XXXX.tmp` beside `path`, is removed on any failure; those
     of killed runs of this host are removed first (`remove_stale_temporaries`).
     """
+    check_output(path, inputs)
     if path == "-":
         out = sys.stdout.buffer
         yield out
@@ -443,8 +580,6 @@ def atomic_output(path: str, compress: bool | None = None, threads: int | None =
     if compress is None:
         compress = path.endswith(".gz")
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(f"{path}: the output folder {folder} does not exist")
     name = os.path.basename(path)
     remove_stale_temporaries(folder, name)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.{_host_tag()}-{os.getpid()}.", suffix=".tmp", dir=folder)

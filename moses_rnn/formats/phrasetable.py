@@ -20,15 +20,23 @@ e^k; `format_columns` does that, clamping k at -100 so Moses never sees ln(0).
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator
+import re
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from mtcommon.scores import only_number_bytes, parse_number, parse_numbers, split_numbers
 from mtcommon.textio import InputError, iter_lines
 
 SEP = " ||| "
 MAX_FIELDS = 7
 LOG_FLOOR = -100.0  # Moses's floor on ln(score)
+# The longest phrase, in words, read for scoring or augmenting by default (`moses-rnn score --max-phrase-words`).
+# Time and memory grow with a phrase's length (the encoder and decoder take a step per word): a 1 MB line of
+# words took 840 MB and 90 s. Moses's phrase tables hold phrases of up to 7 words by default
+# (-max-phrase-length), and hardly ever more than a few dozen, so a longer phrase is a damaged table or not a
+# phrase table.
+MAX_PHRASE_WORDS = 1000
 
 
 class PhrasePair:
@@ -46,7 +54,7 @@ class PhrasePair:
 
     @property
     def scores(self) -> list[float]:
-        return [float(s) for s in self.line[self._scores_start : self._scores_end].split()]
+        return parse_numbers(self.line[self._scores_start : self._scores_end])
 
     @property
     def fields(self) -> list[str]:
@@ -57,12 +65,18 @@ class PhrasePair:
         return [f.strip() for f in rest[len(" |||") :].split(" |||")]
 
     @property
+    def counts(self) -> list[float]:
+        """The numbers of the counts field (the fifth), as Moses reads them (`mtcommon.scores`); [] without
+        one. A count that is not a number is a ValueError."""
+        f = self.fields
+        return parse_numbers(f[1]) if len(f) >= 2 else []
+
+    @property
     def source_count(self) -> float | None:
         """count(source): the second number of the counts field (the fifth field); None without one.
         A count that is not a number is a ValueError."""
-        f = self.fields
-        counts = f[1].split() if len(f) >= 2 else []
-        return float(counts[1]) if len(counts) >= 2 else None
+        counts = self.counts
+        return counts[1] if len(counts) >= 2 else None
 
     def __repr__(self) -> str:
         return f"PhrasePair({self.lineno}, {self.source!r} -> {self.target!r})"
@@ -92,11 +106,11 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
     nfields = 3 + line.count(" |||", end, body_end)
     if nfields > MAX_FIELDS:
         raise InputError(path, lineno, f"{nfields} fields, a Moses phrase table has at most {MAX_FIELDS}")
-    scores = line[start:end].split()
+    scores = split_numbers(line[start:end])
     if not scores:
         raise InputError(path, lineno, "no scores in field 3")
     try:
-        values = [float(s) for s in scores]
+        values = [parse_number(s) for s in scores]
         valid = min(values) > 0.0 and sum(values) < math.inf  # the sum is nan or inf if any value is
     except ValueError:
         valid = False
@@ -110,12 +124,63 @@ def parse_line(line: str, path: str, lineno: int, nscores: int | None = None) ->
 def _raise_bad_score(scores: list[str], path: str, lineno: int) -> None:
     for s in scores:
         try:
-            v = float(s)
+            v = parse_number(s)
         except ValueError:
             raise InputError(path, lineno, f"score {s!r} is not a number") from None
         if not (0.0 < v < math.inf):
             raise InputError(path, lineno, f"score {s!r} is not a positive finite number (Moses takes its log)")
     raise InputError(path, lineno, "scores overflow a float when added")
+
+
+def check_phrase_lengths(sources: Sequence[bytes], targets: Sequence[bytes], path: str, first_lineno: int,
+                         limit: int = MAX_PHRASE_WORDS, option: str | None = "--max-phrase-words") -> None:
+    """An InputError naming the first line (numbered from `first_lineno`) with a phrase of more than `limit`
+    words; `sources` and `targets` are phrase keys (`phrase_key`: words joined by single spaces), `option`
+    the one that moves the limit. Free for ordinary tables: a phrase of more than k words has at least
+    2k + 1 bytes, so only lines holding a phrase that long are looked at word by word."""
+    most = 2 * limit
+    if max(map(len, sources), default=0) <= most and max(map(len, targets), default=0) <= most:
+        return
+    for i, pair in enumerate(zip(sources, targets)):
+        for side, phrase in zip(("source", "target"), pair):
+            if len(phrase) > most and (words := phrase.count(b" ") + 1) > limit:
+                hint = f"{option}; " if option else ""
+                raise InputError(path, first_lineno + i, f"{side} phrase of {words} words, more than the limit "
+                                                         f"of {limit} ({hint}Moses phrases have a few words)")
+
+
+_LINK = re.compile(r"([0-9]+)-([0-9]+)\Z")
+
+
+def check_fields(pair: PhrasePair, path: str) -> None:
+    """The word alignment (field 4) and the counts (field 5) of a line, where it has them, as
+    train-model.perl writes them: links `i-j` from source word i to target word j of the pair, and
+    finite counts of at least 0; an InputError naming the file and line otherwise. `parse_line` leaves
+    these fields unread (scoring copies them byte for byte); a tool that reads them, or writes a table
+    Moses will read, checks them here."""
+    fields = pair.fields
+    if fields:
+        words = len(pair.source.split()), len(pair.target.split())
+        for link in split_numbers(fields[0]):
+            m = _LINK.match(link)
+            if m is None:
+                raise InputError(path, pair.lineno, f"alignment point {link!r} is not SOURCE-TARGET word positions")
+            if int(m[1]) >= words[0] or int(m[2]) >= words[1]:
+                raise InputError(path, pair.lineno, f"alignment point {link!r} is outside the phrases "
+                                                    f"({words[0]} and {words[1]} words, counted from 0)")
+    if len(fields) >= 2:
+        for token in split_numbers(fields[1]):
+            try:
+                count = parse_number(token)
+            except ValueError:
+                raise InputError(path, pair.lineno, f"count {token!r} is not a number") from None
+            if not 0.0 <= count < math.inf:
+                raise InputError(path, pair.lineno, f"count {token!r} is not a finite number of at least 0")
+
+
+def empty_table_error(path: str) -> InputError:
+    """The error for a table without a line: an upstream failure, not a table to rewrite."""
+    return InputError(path, None, "the phrase table is empty (no lines)")
 
 
 def read_phrase_table(path: str) -> Iterator[PhrasePair]:
@@ -319,6 +384,8 @@ def _parse_window_fast(data: bytes, path: str, first_lineno: int, nscores: int) 
         counts = np.diff(np.searchsorted(gaps, offsets + width - 1, side="right"), prepend=0)
         if np.any(counts != nscores):
             raise _NotFast  # a score count differs from the first line's
+        if not only_number_bytes(joined):
+            raise _NotFast  # float() would take what Moses refuses (`1_000`), or a word (`inf`): parse_line judges
         # float() on each distinct score string (scores repeat: 1, 0.5, ...); all positive and below 1e300
         # means every value is positive and finite and every line's sum is finite, parse_line's checks
         try:

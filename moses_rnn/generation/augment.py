@@ -36,6 +36,7 @@ network's column to every line, old and new.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -46,7 +47,8 @@ from mtcommon.errors import UserError
 from mtcommon.textio import atomic_output, iter_lines
 
 from ..formats.lexical import LexicalTable
-from ..formats.phrasetable import LOG_FLOOR, read_phrase_table, source_groups, with_score
+from ..formats.phrasetable import (LOG_FLOOR, check_fields, check_phrase_lengths, empty_table_error, phrase_key,
+                                   read_phrase_table, source_groups, with_score)
 from .generate import Generator
 
 GENERATED, KEPT = f"{math.e:.6f}", "1"  # the indicator column: ln = 1 for a generated line, 0 for the others
@@ -125,11 +127,22 @@ def readable(gen: Generator, phrases: list[str]) -> list[bool]:
 
 
 def _source_count(pair) -> int:
-    """count(f) from a line's counts field; 0 where the table has none (or not a number there)."""
-    try:
-        return int(pair.source_count or 0)
-    except ValueError:
-        return 0
+    """count(f) from a line's counts field (checked by `check_fields`); 0 where the table has none."""
+    return int(pair.source_count or 0)
+
+
+def _checked_pairs(table: str) -> Iterator:
+    """The table's lines (`read_phrase_table`), each also checked as `score` checks it (the phrase-length
+    limit) and in the fields the added lines are made from (`check_fields`: alignment, counts); an empty
+    table is an error, as it is for `score`."""
+    empty = True
+    for pair in read_phrase_table(table):
+        empty = False
+        check_phrase_lengths([phrase_key(pair.source)], [phrase_key(pair.target)], table, pair.lineno, option=None)
+        check_fields(pair, table)
+        yield pair
+    if empty:
+        raise empty_table_error(table)
 
 
 def _fmt(p: float) -> str:
@@ -147,12 +160,15 @@ def augment_table(table: str, gen: Generator, lex_f2e: LexicalTable, lex_e2f: Le
     candidates = input_ngrams(cfg.input, cfg.max_ngram, gen) if cfg.input else []
     budget = [cfg.max_new if cfg.max_new is not None else math.inf]
     if cfg.max_growth is not None:
+        if not os.path.isfile(table):
+            raise UserError(f"{table}: --max-growth reads TABLE twice (its lines are counted first): "
+                            "give a file, not a pipe")
         lines = sum(1 for _ in iter_lines(table))
         budget[0] = min(budget[0], math.floor(cfg.max_growth * lines))
 
     def jobs() -> Iterator[_Job]:
         c, last = 0, b""
-        for source, group in source_groups(read_phrase_table(table)):
+        for source, group in source_groups(_checked_pairs(table)):
             if len(group[0].scores) != 4:
                 raise UserError(f"{table}: {len(group[0].scores)} scores per line; augment a table as "
                                 "train-model.perl writes it (4 scores), then score it")
@@ -172,7 +188,7 @@ def augment_table(table: str, gen: Generator, lex_f2e: LexicalTable, lex_e2f: Le
             stats.candidates += 1
             yield _Job(rest, [], True)
 
-    with atomic_output(output) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True,
+    with atomic_output(output, inputs=(table, cfg.input)) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True,
                                             desc="augmenting") as bar:
         held: list[_Job] = []
         waiting = held_lines = 0

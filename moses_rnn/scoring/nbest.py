@@ -35,11 +35,12 @@ def rescore_nbest(scorer: PhraseScorer, source: str, path: str, output: str, fea
                   unknown: bool = False, window: int = 5000, progress: bool = True) -> RescoreStats:
     """Append `feature= <log p(hypothesis | source)>` (and with `unknown`, the count of units outside the
     model's vocabularies) to every hypothesis of the n-best list `path`, whose ids index the lines of
-    `source` (tokenized, one sentence a line) from 0."""
+    `source` (tokenized, one sentence a line) from 0. A hypothesis of an empty source sentence is an error:
+    the network has nothing to condition on (a model with attention nothing to attend to)."""
     sources = [" ".join(line.split()) for _, line in iter_lines(source)]
     stats = RescoreStats(feature=feature)
     seen = set()
-    with atomic_output(output) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True,
+    with atomic_output(output, inputs=(path, source)) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True,
                                             desc="rescoring") as bar:
         for hyps in nbest.windows(path, window):
             keys = []
@@ -47,6 +48,9 @@ def rescore_nbest(scorer: PhraseScorer, source: str, path: str, output: str, fea
                 if h.sentence >= len(sources):
                     raise InputError(path, h.lineno, f"sentence id {h.sentence}, but {source} has only "
                                                      f"{len(sources)} lines (ids count from 0)")
+                if not sources[h.sentence]:
+                    raise InputError(path, h.lineno, f"a hypothesis of sentence {h.sentence}, but line "
+                                                     f"{h.sentence + 1} of {source} is empty")
                 keys.append(phrase_key(sources[h.sentence]))
                 seen.add(h.sentence)
             values = scorer.phrase_features(keys, [phrase_key(h.text) for h in hyps], unknown=unknown)

@@ -33,10 +33,12 @@ from mtcommon.errors import UserError
 from mtcommon.modeldir import ModelError
 from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, dtype_name,
                               exit_with_parent, is_big, probe_dtype, resolve_device)
-from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
+from mtcommon.textio import atomic_output, count_lines, decode_line, iter_line_blocks
 from mtcommon.vocab import EOS, Vocabulary
 
-from ..formats.phrasetable import format_columns, parse_line, parse_window, phrase_key
+from ..formats.phrasetable import (MAX_PHRASE_WORDS, empty_table_error, format_columns, parse_line, parse_window,
+                                   phrase_key)
+from ..formats.phrasetable import check_phrase_lengths as phrase_lengths
 from ..networks.modelbase import log_normalizer_
 from ..networks.modelio import LoadedModel, load_model
 
@@ -325,13 +327,6 @@ class ScoreStats:
         return self.lines / max(self.seconds, 1e-9)
 
 
-# The longest phrase, in words, `score_table` scores by default (`moses-rnn score --max-phrase-words`). Time and
-# memory grow with a phrase's length (the encoder and decoder take a step per word): a 1 MB line of words took
-# 840 MB and 90 s. Moses's phrase tables hold phrases of up to 7 words by default (-max-phrase-length), and
-# hardly ever more than a few dozen, so a longer phrase is a damaged table or not a phrase table.
-MAX_PHRASE_WORDS = 1000
-
-
 @dataclass(frozen=True)
 class TableJob:
     """What scoring one window of a table needs besides its lines."""
@@ -345,18 +340,8 @@ class TableJob:
 
 def check_phrase_lengths(window, job: TableJob) -> None:
     """An InputError naming the first line of `window` (table order) with a phrase of more than
-    `job.max_words` words. Free for ordinary tables: a phrase of more than k words has at least 2k + 1 bytes,
-    so only windows holding a phrase that long are looked at word by word."""
-    limit = job.max_words
-    most = 2 * limit
-    if max(map(len, window.sources), default=0) <= most and max(map(len, window.targets), default=0) <= most:
-        return
-    for i, pair in enumerate(zip(window.sources, window.targets)):
-        for side, phrase in zip(("source", "target"), pair):
-            if len(phrase) > most and (words := phrase.count(b" ") + 1) > limit:
-                raise InputError(job.path, window.first_lineno + i,
-                                 f"{side} phrase of {words} words, more than the limit of {limit} "
-                                 f"(--max-phrase-words; Moses phrases have a few words)")
+    `job.max_words` words (`phrasetable.check_phrase_lengths`, which `augment` applies too)."""
+    phrase_lengths(window.sources, window.targets, job.path, window.first_lineno, job.max_words)
 
 
 def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data: bytes) -> tuple[bytes, int, int]:
@@ -485,8 +470,8 @@ def workers_warning(workers: int, local_world: int = 1) -> str | None:
 def first_line_scores(table: str, head: tuple[int, bytes] | None) -> int:
     """The number of scores on line 1 (every line must have as many), from the table's first block
     `head`; None (an empty table) is an error."""
-    if head is None:  # an empty table is an upstream failure, not a table to rewrite
-        raise InputError(table, None, "the phrase table is empty (no lines)")
+    if head is None:
+        raise empty_table_error(table)
     data = head[1]
     first = data[: data.find(b"\n") + 1 or len(data)]
     return len(parse_line(decode_line(first, table, 1), table, 1).scores)
@@ -494,11 +479,12 @@ def first_line_scores(table: str, head: tuple[int, bytes] | None) -> int:
 
 def settle_dtype(scorer: PhraseScorer, job: TableJob, head: tuple[int, bytes], quiet: bool = False,
                  combine=None) -> None:
-    """Settle the scorer's `--dtype auto` (`PhraseScorer.choose_dtype`) on the table's first window `head`
-    (first line, whole lines), before worker processes start: they are given the choice."""
+    """Check the table's first window `head` (first line, whole lines), so that a bad table fails before a
+    progress bar is drawn or a worker process starts, and settle the scorer's `--dtype auto`
+    (`PhraseScorer.choose_dtype`) on it, before worker processes start: they are given the choice."""
+    window = parse_window(head[1], job.path, head[0], job.nscores)
+    check_phrase_lengths(window, job)
     if scorer.dtype == "auto":
-        window = parse_window(head[1], job.path, head[0], job.nscores)
-        check_phrase_lengths(window, job)
         scorer.choose_dtype(window.sources, window.targets, quiet, combine)
 
 

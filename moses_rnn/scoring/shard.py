@@ -156,6 +156,8 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
     """
     if table == "-" or output == "-":
         raise UserError("sharded scoring (torchrun) needs a table file and an output file, not '-'")
+    if not os.path.isfile(table):  # every process reads the table, by byte offsets: a pipe cannot be shared
+        raise UserError(f"{table}: sharded scoring (torchrun) needs a table file, not a pipe")
     start = time.perf_counter()
     board = _Board(dist)
     folder, name = os.path.dirname(os.path.abspath(output)), os.path.basename(output)
