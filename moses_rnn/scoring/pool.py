@@ -166,17 +166,13 @@ class _Worker:
                 raise self._died() from None
             self.waiting.popleft().value = value if ok else _Failed(value)
 
-    def stop(self, kill: bool) -> None:
-        """End the process: at once with `kill`, else once it has seen the end of its requests."""
-        if kill:
-            self.process.kill()
+    def stop(self) -> None:
+        """End the process at once: by then its replies are read or no longer wanted, and a worker still
+        loading the model would take seconds to see the end of its requests."""
+        self.process.kill()
         for end in (self.requests, self.replies):
             end.close()
-        try:
-            self.process.wait(timeout=None if kill else 60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self.process.wait()
 
 
 class WindowPool:
@@ -202,16 +198,16 @@ class WindowPool:
             for _ in range(self.workers - 1):  # they load the model while this process scores the first windows
                 self.processes.append(_Worker(setup, self.job.path))
         except BaseException:
-            self._stop(kill=True)
+            self._stop()
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._stop(kill=exc_type is not None)
+        self._stop()
 
-    def _stop(self, kill: bool) -> None:
+    def _stop(self) -> None:
         for worker in self.processes:
-            worker.stop(kill)
+            worker.stop()
         self.processes = []
 
     def results(self, head: Window | None, blocks) -> Iterator[tuple[int, tuple[bytes, int, int]]]:

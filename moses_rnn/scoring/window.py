@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mtcommon.modeldir import ModelError
-from mtcommon.textio import InputError, decode_line
+from mtcommon.textio import InputError
 
-from ..formats.phrasetable import Window, format_columns, parse_line, parse_window
+from ..formats.phrasetable import Window, first_line_scores, format_columns, parse_window
 from .scorer import PhraseScorer
 
 # The longest phrase, in words, `score_table` scores by default (`moses-rnn score --max-phrase-words`). Time and
@@ -55,10 +55,8 @@ def first_window(table: str, head: tuple[int, bytes] | None, normalize: bool = F
     if head is None:  # an empty table is an upstream failure, not a table to rewrite
         raise InputError(table, None, "the phrase table is empty (no lines)")
     first, data = head
-    line = data[: data.find(b"\n") + 1 or len(data)]
-    nscores = len(parse_line(decode_line(line, table, first), table, first).scores)
-    job = TableJob(table, nscores, normalize, unknown, max_words)
-    window = parse_window(data, table, first, nscores)
+    job = TableJob(table, first_line_scores(data, table, first), normalize, unknown, max_words)
+    window = parse_window(data, table, first, job.nscores)
     check_phrase_lengths(window, job)
     return job, window
 
