@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from collections import deque
 from multiprocessing.connection import Connection
 from typing import Iterator
@@ -45,6 +46,13 @@ class _Failed:
         self.exc = exc
 
 
+class _WorkerTraceback(Exception):
+    """The traceback of an exception raised in a worker process, attached to it as its cause."""
+
+    def __str__(self) -> str:
+        return "\n\n" + self.args[0]
+
+
 class _Reply:
     """A window sent to a worker: `value` is None until the worker's reply has been read."""
 
@@ -55,12 +63,13 @@ class _Reply:
 
 
 def _dump_reply(value) -> bytes:
-    """A worker's reply: (True, result) or (False, exception); an exception that cannot be pickled goes as a
-    RuntimeError with its text."""
+    """A worker's reply: (True, result) or (False, (exception, its traceback)); an exception that cannot be
+    pickled goes as a RuntimeError with its text."""
     try:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
-        return pickle.dumps((False, RuntimeError(f"{type(value[1]).__name__}: {value[1]}")))
+        exc, text = value[1]
+        return pickle.dumps((False, (RuntimeError(f"{type(exc).__name__}: {exc}"), text)))
 
 
 def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
@@ -103,7 +112,7 @@ def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
                 raise failure
             reply = (True, rewrite_lines(scorer, job, *pickle.loads(request)))
         except Exception as e:
-            reply = (False, e)
+            reply = (False, (e, traceback.format_exc()))
         replies.send_bytes(_dump_reply(reply))
 
 
@@ -138,7 +147,11 @@ class _Worker:
         self.requests = Connection(self_requests, readable=False)
         self.replies = Connection(self_replies, writable=False)
         self.waiting: deque[_Reply] = deque()
-        self._send(setup)
+        try:
+            self._send(setup)
+        except BaseException:
+            self.stop()
+            raise
 
     def _died(self) -> ChildProcessError:
         # an OSError, so that the command line reports it in one line
@@ -164,7 +177,11 @@ class _Worker:
                 ok, value = pickle.loads(self.replies.recv_bytes())
             except (EOFError, OSError):
                 raise self._died() from None
-            self.waiting.popleft().value = value if ok else _Failed(value)
+            if not ok:
+                exc, text = value
+                exc.__cause__ = _WorkerTraceback(text)
+                value = _Failed(exc)
+            self.waiting.popleft().value = value
 
     def stop(self) -> None:
         """End the process at once: by then its replies are read or no longer wanted, and a worker still
