@@ -20,7 +20,8 @@ from common import REAL_TABLE, require_shared, table_slice, untrained_model_dir,
 
 CHILD = """
 import resource, sys
-from moses_rnn.scoring.score import PhraseScorer, default_workers, score_table
+from moses_rnn.scoring.scorer import PhraseScorer
+from moses_rnn.scoring.table import default_workers, score_table
 from mtcommon.runtime import configure_threads, resolve_device
 if __name__ == "__main__":
     cpu = resolve_device("cpu")

@@ -19,7 +19,7 @@ import subprocess
 import time
 
 from common import emit, require_shared, table_slice, untrained_model_dir, workdir
-from moses_rnn.scoring.score import score_table, setup_scoring
+from moses_rnn.scoring.table import score_table, setup_scoring
 from mtcommon.textio import atomic_output, open_input
 
 

@@ -25,7 +25,8 @@ import torch
 from moses_rnn.formats.phrasetable import read_phrase_table
 from moses_rnn.networks.modelbase import PRESETS, preset_config
 from moses_rnn.networks.modelio import LoadedModel, build_model
-from moses_rnn.scoring.score import PhraseScorer, score_table
+from moses_rnn.scoring.scorer import PhraseScorer
+from moses_rnn.scoring.table import score_table
 from moses_rnn.training.train import build_vocabularies
 from mtcommon.modeldir import parameter_count
 from mtcommon.runtime import configure_threads, resolve_device

@@ -25,7 +25,7 @@ import torch
 
 from common import emit, gemm_rate, require_shared, sync, table_slice, untrained_model_dir, workdir
 from moses_rnn.formats.phrasetable import read_phrase_table
-from moses_rnn.scoring.score import PhraseScorer
+from moses_rnn.scoring.scorer import PhraseScorer
 from mtcommon.runtime import configure_threads, native_bf16, resolve_device
 
 

@@ -36,7 +36,8 @@ from common import REAL_TABLE, SHARED, emit, require_shared, workdir
 from moses_rnn.formats.phrasetable import read_phrase_table
 from moses_rnn.networks.modelbase import PRESETS_BY_ARCH, preset_config
 from moses_rnn.networks.modelio import LoadedModel, build_model
-from moses_rnn.scoring.score import PhraseScorer, score_table
+from moses_rnn.scoring.scorer import PhraseScorer
+from moses_rnn.scoring.table import score_table
 from mtcommon.modeldir import parameter_count
 from mtcommon.runtime import configure_threads, resolve_device
 from mtcommon.subword import SubwordVocabulary

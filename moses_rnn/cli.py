@@ -128,8 +128,7 @@ def score(table, model_dir, output, normalize, unknown, device, dtype, threads, 
     `torchrun --nproc-per-node 2 $(which moses-rnn) score TABLE -m MODEL -o OUT` (docs/scoring.md).
     """
     from mtcommon.runtime import Distributed
-    from .scoring.score import setup_scoring, workers_warning
-    from .scoring.shard import score_table
+    from .scoring.table import score_table, setup_scoring, workers_warning
 
     output = output or default_output(table)
     check_paths([table], output)
@@ -412,7 +411,7 @@ def rescore_nbest(nbest, model_dir, source, output, feature, unknown, device, dt
     """Add `FEATURE= <log p(hypothesis | source)>` to every hypothesis of a Moses n-best list NBEST."""
     from mtcommon.runtime import configure_threads
     from .scoring.nbest import rescore_nbest as run
-    from .scoring.score import PhraseScorer
+    from .scoring.scorer import PhraseScorer
 
     check_paths([nbest, source], output)
     require_model_dir(model_dir, "moses-rnn")

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from moses_rnn.cli import main
 from moses_rnn.formats.lexical import LexicalTable
 from moses_rnn.formats.phrasetable import read_phrase_table
-from moses_rnn.scoring.score import PhraseScorer
+from moses_rnn.scoring.scorer import PhraseScorer
 
 LEX_F2E = "la the 0.5\nle the 0.4\nmaison house 0.6\nrouge red 0.8\nvoiture car 0.7\nla NULL 0.05\nune NULL 0.1\n"
 LEX_E2F = "the la 0.6\nthe le 0.3\nhouse maison 0.9\nred rouge 0.7\ncar voiture 0.8\nthe NULL 0.2\na NULL 0.3\n"

@@ -132,7 +132,7 @@ def test_the_choice_and_both_times_in_one_line_unless_quiet(native, capsys):
 def force(monkeypatch, choice):
     """Make `--dtype auto` choose `choice` on any CPU, through fake timings of the callers' real steps;
     returns the dtypes the steps ran under."""
-    from moses_rnn.scoring import score
+    from moses_rnn.scoring import scorer
 
     real = runtime.probe_dtype
     calls: list = []
@@ -145,7 +145,7 @@ def force(monkeypatch, choice):
             calls.extend(work.calls)
 
     monkeypatch.setattr(runtime, "cpu_has_bf16", lambda: True)
-    for module in (trainer, score):
+    for module in (trainer, scorer):
         monkeypatch.setattr(module, "probe_dtype", forced)
     return calls
 
@@ -221,7 +221,7 @@ def test_resuming_bf16_where_it_is_not_native_says_what_to_do(monkeypatch, tmp_p
 
 @pytest.mark.parametrize("choice", [FP32, BF16], ids=["fp32", "bf16"])
 def test_scoring_with_the_chosen_dtype_equals_the_explicit_scorer(monkeypatch, tiny_model, choice):
-    from moses_rnn.scoring.score import PROBE_PAIRS, PhraseScorer
+    from moses_rnn.scoring.scorer import PROBE_PAIRS, PhraseScorer
 
     r = random.Random(2)
     words = [w for w in PhraseScorer.from_dir(str(tiny_model), device="cpu").src_vocab.words[2:40]]

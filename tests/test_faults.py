@@ -469,10 +469,10 @@ def test_fail_cleanly_shows_user_errors_in_one_line_and_bugs_with_a_traceback():
 
 def test_a_bug_inside_a_command_keeps_its_traceback(tmp_path, tiny_model, example_table):
     code = ("import sys\n"
-            "from moses_rnn.scoring import score\n"
+            "from moses_rnn.scoring import table\n"
             "def bug(*a, **k):\n"
             "    raise ValueError('a bug, not bad input')\n"
-            "score.setup_scoring = bug\n"
+            "table.setup_scoring = bug\n"
             "from moses_rnn.cli import main\n"
             f"sys.argv = ['moses-rnn', 'score', {str(example_table)!r}, '-m', {str(tiny_model)!r}, "
             f"'-o', {str(tmp_path / 'o.gz')!r}, '--quiet']\n"

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moses_rnn.scoring.pool import WORKER_TAG
 from test_faults import assert_nothing_left, assert_one_line_error, group_members, run, tiny_cslm  # noqa: F401
 
 
@@ -77,7 +78,7 @@ def start_scoring_from_a_held_pipe(tiny_model, example_table, out: Path) -> tupl
     while time.monotonic() < deadline:
         assert p.poll() is None, p.communicate()[1].decode()
         if worker is None:
-            worker = next((m for m in group_members(p.pid) if "--multiprocessing-fork" in cmdline(m)), None)
+            worker = next((m for m in group_members(p.pid) if WORKER_TAG in cmdline(m)), None)
         else:
             t = cpu_seconds(worker)
             if t != last:
@@ -91,14 +92,14 @@ def start_scoring_from_a_held_pipe(tiny_model, example_table, out: Path) -> tupl
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGHUP"])
 def test_workers_and_the_resource_tracker_exit_when_the_main_process_dies(how, tmp_path, tiny_model, example_table):
-    """kill -9 of `moses-rnn score --workers 2` leaves neither the worker nor multiprocessing's resource tracker
-    behind; SIGHUP (a closed terminal) cleans up as SIGTERM does: exit 129, the temporary removed, the previous
+    """kill -9 of `moses-rnn score --workers 2` leaves no worker (nor any other helper process) behind;
+    SIGHUP (a closed terminal) cleans up as SIGTERM does: exit 129, the temporary removed, the previous
     output untouched."""
     out = tmp_path / "out.gz"
     out.write_bytes(gzip.compress(b"previous\n"))
     p, worker = start_scoring_from_a_held_pipe(tiny_model, example_table, out)
     try:
-        assert len(group_members(p.pid)) >= 3  # main, worker, resource tracker
+        assert len(group_members(p.pid)) >= 2  # main, worker
         os.kill(p.pid, getattr(signal, how))
         rc = p.wait(60)
         assert_nothing_left(p.pid, grace=10)
@@ -537,7 +538,8 @@ def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
     import click
 
     from moses_rnn.cli import score
-    from moses_rnn.scoring.score import MAX_PHRASE_WORDS, TableJob, score_table
+    from moses_rnn.scoring.table import score_table
+    from moses_rnn.scoring.window import MAX_PHRASE_WORDS, TableJob
 
     option = next(p for p in score.params if isinstance(p, click.Option) and p.name == "max_phrase_words")
     assert option.default == MAX_PHRASE_WORDS == TableJob("t", 4).max_words
@@ -547,10 +549,10 @@ def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
 # --workers above the core count: one line of warning
 @pytest.mark.parametrize("workers, local, warned", [(1, 1, False), (2, 1, False), (64, 1, True), (2, 40, True)])
 def test_workers_far_above_the_cores_are_warned_about(workers, local, warned, monkeypatch):
-    from moses_rnn.scoring import score
+    from moses_rnn.scoring import table
 
-    monkeypatch.setattr(score, "cpu_count", lambda: 4)
-    w = score.workers_warning(workers, local)
+    monkeypatch.setattr(table, "cpu_count", lambda: 4)
+    w = table.workers_warning(workers, local)
     assert (w is not None) == warned
     if warned:
         assert w.startswith(f"moses-rnn: warning: --workers {workers}") and "4 cores" in w and "\n" not in w

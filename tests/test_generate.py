@@ -15,7 +15,7 @@ from moses_rnn.generation.generate import Generator, max_words, read_sources
 from moses_rnn.networks import ARCHS
 from moses_rnn.networks.modelbase import ModelConfig
 from moses_rnn.networks.modelio import LoadedModel, build_model
-from moses_rnn.scoring.score import PhraseScorer
+from moses_rnn.scoring.scorer import PhraseScorer
 from mtcommon.textio import InputError
 from mtcommon.vocab import Vocabulary
 

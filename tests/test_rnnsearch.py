@@ -15,7 +15,8 @@ from moses_rnn.generation.generate import Generator
 from moses_rnn.networks.modelbase import ModelConfig, preset_config, preset_vocab
 from moses_rnn.networks.modelio import LoadedModel, build_model, load_model
 from moses_rnn.networks.rnnsearch import AttentionContext, RNNSearch
-from moses_rnn.scoring.score import PhraseScorer, score_table
+from moses_rnn.scoring.scorer import PhraseScorer
+from moses_rnn.scoring.table import score_table
 from moses_rnn.training.train import TrainConfig, train
 from mtcommon.vocab import Vocabulary
 

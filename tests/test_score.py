@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from moses_rnn.cli import main
 from moses_rnn.formats.phrasetable import read_phrase_table
-from moses_rnn.scoring.score import PhraseScorer, score_table
+from moses_rnn.scoring.scorer import PhraseScorer, phrase_keys
+from moses_rnn.scoring.table import score_table
 
 
 def read_lines(path):
@@ -73,8 +74,10 @@ def test_score_is_independent_of_batch_and_order(tmp_path, real_table_slice, tin
 def test_normalize_divides_by_symbols(example_table, tiny_model):
     scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
     pairs = [("the black cat", "le chat noir"), ("a dog", "un chien")]
-    raw = scorer.features(pairs)[:, 0]
-    norm = scorer.features(pairs, normalize=True)[:, 0]
+    scores = scorer.score_keys(*phrase_keys(pairs))
+    raw = scores.columns()[:, 0]
+    norm = scores.columns(normalize=True)[:, 0]
+    assert np.array_equal(raw, scorer.score(pairs)) and np.array_equal(scores.symbols, [4, 3])
     assert np.allclose(norm, raw / np.array([4, 3]))
 
 
@@ -96,14 +99,14 @@ def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny
     out.write_bytes(gzip.compress(b"previous\n"))
     code = (
         "import os, signal, sys\n"
-        "from moses_rnn.scoring import score\n"
-        "orig = score.PhraseScorer.phrase_features\n"
+        "from moses_rnn.scoring import scorer\n"
+        "orig = scorer.PhraseScorer.score_keys\n"
         "n = [0]\n"
-        "def features(self, *a, **k):\n"
+        "def score_keys(self, *a, **k):\n"
         "    n[0] += 1\n"
         "    if n[0] == 2: os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return orig(self, *a, **k)\n"
-        "score.PhraseScorer.phrase_features = features\n"
+        "scorer.PhraseScorer.score_keys = score_keys\n"
         "from moses_rnn.cli import main\n"
         f"sys.argv = ['moses-rnn', 'score', {str(real_table_slice)!r}, '-m', {str(tiny_model)!r}, '-o', {str(out)!r}, '--window', '500', '--quiet']\n"
         "main()\n"
@@ -221,7 +224,7 @@ def test_setup_scoring_runs_the_model_with_the_cores_it_should(example_table, ti
     import torch
 
     from moses_rnn.networks.modelio import load_model
-    from moses_rnn.scoring.score import setup_scoring
+    from moses_rnn.scoring.table import setup_scoring
     from mtcommon.runtime import cpu_count
 
     before = torch.get_num_threads()
@@ -421,7 +424,7 @@ def native_bf16() -> bool:
 def test_bf16_scores_are_close_and_keep_the_softmax_in_float32(arch):
     import torch
 
-    from moses_rnn.scoring.score import Bf16Linear, Float32Output
+    from moses_rnn.scoring.bf16 import Bf16Linear, Float32Output
 
     loaded = untrained(arch)
     r = random.Random(0)

@@ -80,8 +80,8 @@ def test_a_bad_line_in_the_second_shard_fails_the_whole_run(tmp_path, example_ta
 
 
 def test_stdin_and_stdout_are_refused_when_sharded(tmp_path, example_table, tiny_model):
-    from moses_rnn.scoring.score import PhraseScorer
-    from moses_rnn.scoring.shard import score_table
+    from moses_rnn.scoring.scorer import PhraseScorer
+    from moses_rnn.scoring.table import score_table
     from mtcommon.runtime import Distributed
 
     scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")

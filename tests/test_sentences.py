@@ -129,7 +129,7 @@ def test_rescore_nbest_keeps_every_field_and_adds_one_finite_value(sentence_mode
         value = float(a[2].split("RNN0= ")[1])
         assert math.isfinite(value) and value < 0
     # the value is the scorer's log p(hypothesis | source)
-    from moses_rnn.scoring.score import PhraseScorer
+    from moses_rnn.scoring.scorer import PhraseScorer
 
     expected = PhraseScorer.from_dir(str(sentence_model), device="cpu").score([(SOURCES[0], "la maison")])[0]
     assert float(out.read_text().splitlines()[0].split("RNN0= ")[1].split()[0]) == pytest.approx(expected, abs=1e-5)
@@ -155,7 +155,7 @@ def test_learning_stats_rebuild_the_trainers_split(sentence_model, corpus, tmp_p
 
     from moses_rnn.analysis.learning import learning_stats
     from moses_rnn.networks.modelio import load_model
-    from moses_rnn.scoring.score import PhraseScorer
+    from moses_rnn.scoring.scorer import PhraseScorer
 
     meta = load_model(str(sentence_model)).meta
     s = learning_stats(str(sentence_model), dev=corpus, sample=10)

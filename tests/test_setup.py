@@ -52,7 +52,7 @@ def python(code: str) -> subprocess.CompletedProcess:
 
 
 def test_scoring_training_and_the_cslm_run_without_the_analysis_extra(tmp_path, example_table, tiny_model):
-    r = python(WITHOUT_ANALYSIS + "import moses_rnn.cli, cslm.cli, moses_rnn.scoring.score, moses_rnn.scoring.shard, "
+    r = python(WITHOUT_ANALYSIS + "import moses_rnn.cli, cslm.cli, moses_rnn.scoring.table, moses_rnn.scoring.shard, "
                "moses_rnn.training.train, moses_rnn.generation.generate, moses_rnn.analysis.analyze, "
                "moses_rnn.analysis.align, cslm.train, cslm.engine, cslm.server, cslm.apply")
     assert r.returncode == 0, r.stderr

@@ -13,7 +13,7 @@ from moses_rnn.cli import main
 from moses_rnn.formats.phrasetable import read_phrase_table
 from moses_rnn.networks import modelio
 from moses_rnn.networks.modelbase import preset_config
-from moses_rnn.scoring.score import PhraseScorer
+from moses_rnn.scoring.scorer import PhraseScorer, phrase_keys
 from mtcommon.errors import UserError
 from mtcommon.modeldir import ModelError
 from mtcommon.subword import SubwordVocabulary
@@ -105,7 +105,7 @@ def test_identity_segmentation_scores_as_the_word_model(example_table, arch):
     word = PhraseScorer(modelio.LoadedModel(model, src_words, tgt_words, cfg, {}))
     sub = PhraseScorer(modelio.LoadedModel(model, src_units, tgt_units, cfg, {}))
     pairs = list(zip(sources, targets))
-    a, b = word.features(pairs, unknown=True), sub.features(pairs, unknown=True)
+    a, b = (s.score_keys(*phrase_keys(pairs)).columns(unknown=True) for s in (word, sub))
     assert a[:, 1].sum() > 0  # some words are unknown to both
     np.testing.assert_array_equal(a, b)
 
@@ -131,12 +131,14 @@ def test_a_subword_model_directory_records_its_segmentation(subword_model):
 def test_a_subword_model_scores_every_pair_without_unknowns(subword_model):
     scorer = PhraseScorer.from_dir(str(subword_model), device="cpu")
     pairs = [("the house", "la maison"), ("Ωmega house", "東京 maison")]
-    f = scorer.features(pairs, unknown=True)
+    f = scorer.score_keys(*phrase_keys(pairs)).columns(unknown=True)
     assert np.isfinite(f[:, 0]).all() and (f[:, 0] < 0).all()
     assert (f[:, 1] == 0).all()
     # log p(target | source) is the sum over the target's units and </s>
     ids, lens = scorer.tgt_vocab.encode_phrases(["la maison"])
-    assert scorer.features([pairs[0]], normalize=True)[0, 0] == pytest.approx(f[0, 0] / (lens[0] + 1))
+    first = scorer.score_keys(*phrase_keys(pairs[:1]))
+    assert first.symbols[0] == lens[0] + 1
+    assert first.columns(normalize=True)[0, 0] == pytest.approx(f[0, 0] / (lens[0] + 1))
 
 
 def cli_error(args):

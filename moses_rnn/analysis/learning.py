@@ -25,7 +25,7 @@ from mtcommon.errors import UserError
 from mtcommon.trainer import Checkpoint
 
 from ..networks import modelio
-from ..scoring.score import PhraseScorer
+from ..scoring.scorer import PhraseScorer, phrase_keys
 from ..training.train import read_corpus_pairs, read_unique_pairs, split_indices
 
 
@@ -51,10 +51,9 @@ def corpus_nll(scorer: PhraseScorer, sources: list[str], targets: list[str], bat
     """−log p(target | source) of the pairs, summed, with the target symbols it is over."""
     total, symbols = 0.0, 0
     for i in range(0, len(sources), batch):
-        pairs = list(zip(sources[i : i + batch], targets[i : i + batch]))
-        lp, sym = scorer.log_probs(pairs)
-        total -= float(lp.sum())
-        symbols += int(sym.sum())
+        scores = scorer.score_keys(*phrase_keys(list(zip(sources[i : i + batch], targets[i : i + batch]))))
+        total -= float(scores.log_p.sum())
+        symbols += int(scores.symbols.sum())
     return NLL(len(sources), symbols, total)
 
 

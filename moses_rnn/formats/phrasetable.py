@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from mtcommon.scores import only_number_bytes, parse_number, parse_numbers, split_numbers
-from mtcommon.textio import InputError, iter_lines
+from mtcommon.textio import InputError, decode_line, iter_lines
 
 SEP = " ||| "
 MAX_FIELDS = 7
@@ -276,8 +276,6 @@ def split_lines(data: bytes) -> list[bytes]:
 def parse_window_exactly(data: bytes, path: str, first_lineno: int, nscores: int | None = None) -> Window:
     """`parse_window`'s results, line by line through `parse_line`: the reference it is tested against, and
     the path that names the first bad line of a window in order."""
-    from mtcommon.textio import decode_line
-
     sources, targets, insert_at, offset = [], [], [], 0
     for k, raw in enumerate(split_lines(data)):
         lineno = first_lineno + k
@@ -296,6 +294,13 @@ def phrase_key(phrase: str) -> bytes:
     return " ".join(phrase.split()).encode("utf-8")
 
 
+def first_line_scores(data: bytes, path: str, first_lineno: int) -> int:
+    """The number of scores on the first line of a block of table lines (non-empty), which every other line
+    of the table must have; the line is parsed and validated (`parse_line`'s errors)."""
+    first_line = data[: data.find(b"\n") + 1 or len(data)]
+    return len(parse_line(decode_line(first_line, path, first_lineno), path, first_lineno).scores)
+
+
 def parse_window(data: bytes, path: str, first_lineno: int, nscores: int | None = None) -> Window:
     """Parse and validate a block of table lines (`first_lineno` numbers its first line).
 
@@ -310,10 +315,7 @@ def parse_window(data: bytes, path: str, first_lineno: int, nscores: int | None 
     if not data:
         return Window(data, first_lineno, [], [], np.zeros(0, dtype=np.int64))
     if nscores is None:
-        from mtcommon.textio import decode_line
-
-        first_line = split_lines(data[: data.find(b"\n") + 1 or len(data)])[0]
-        nscores = len(parse_line(decode_line(first_line, path, first_lineno), path, first_lineno).scores)
+        nscores = first_line_scores(data, path, first_lineno)
     try:
         data.decode("utf-8")  # validates the whole block at C speed; the str itself is not needed
         return _parse_window_fast(data, path, first_lineno, nscores)
@@ -398,8 +400,6 @@ def _parse_window_fast(data: bytes, path: str, first_lineno: int, nscores: int) 
     tgt = [data[x:y] for x, y in zip((b1[fast] + 5).tolist(), b2[fast].tolist())]
     insert_at = s1
     if len(fast) < nlines:  # the other lines, through parse_line (an error there is the window's first)
-        from mtcommon.textio import decode_line
-
         sources: list[bytes] = [b""] * nlines
         targets: list[bytes] = [b""] * nlines
         for i, s, t in zip(fast.tolist(), src, tgt):

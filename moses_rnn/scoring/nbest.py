@@ -21,7 +21,7 @@ from mtcommon import nbest
 from mtcommon.textio import InputError, atomic_output, iter_lines
 
 from ..formats.phrasetable import phrase_key
-from .score import PhraseScorer
+from .scorer import PhraseScorer
 
 
 @dataclass
@@ -53,7 +53,7 @@ def rescore_nbest(scorer: PhraseScorer, source: str, path: str, output: str, fea
                                                      f"{h.sentence + 1} of {source} is empty")
                 keys.append(phrase_key(sources[h.sentence]))
                 seen.add(h.sentence)
-            values = scorer.phrase_features(keys, [phrase_key(h.text) for h in hyps], unknown=unknown)
+            values = scorer.score_keys(keys, [phrase_key(h.text) for h in hyps]).columns(unknown=unknown)
             rows = [(float(v[0]), int(v[1])) if unknown else (float(v[0]),) for v in values]
             nbest.write(out, hyps, feature, rows)
             stats.hypotheses += len(hyps)

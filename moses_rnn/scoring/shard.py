@@ -1,11 +1,10 @@
-"""Sharded scoring under torchrun: each process scores a contiguous share of a phrase table, rank 0 joins.
+"""Sharded scoring under torchrun: each process scores its share of a phrase table's windows, rank 0 joins.
 
     torchrun --nproc-per-node N moses-rnn score TABLE -m MODEL -o OUT
 
-`score_table` is the entry point for one process or many: without a torchrun
-job it is `moses_rnn.scoring.score.score_table`. See docs/scoring.md for how a table
-is split (byte offsets of a plain file; windows of a gzip stream) and why the
-output is byte-identical to a single process's.
+`table.score_table` calls `score_shard` in a torchrun job of more than one process. See docs/scoring.md for
+how a table is split (byte offsets of a plain file; windows of a gzip stream) and why the output is
+byte-identical to a single process's.
 """
 
 from __future__ import annotations
@@ -23,12 +22,14 @@ from tqdm import tqdm
 from mtcommon.errors import UserError
 from mtcommon.runtime import Distributed
 from mtcommon.textio import (InputError, after_newlines, atomic_output, count_lines, count_newlines, is_gzip,
-                     iter_line_blocks, remove_stale_temporaries, sibling_temporary)
+                             iter_line_blocks, remove_stale_temporaries, sibling_temporary)
 
-from . import score
-from .score import MAX_PHRASE_WORDS, PhraseScorer, ScoreStats, TableJob, WindowPool, first_line_scores, settle_dtype
+from ..formats.phrasetable import Window
+from .pool import WindowPool
+from .scorer import PhraseScorer
+from .window import TableJob
 
-# -- sharded scoring under torchrun -------------------------------------------------------------------------------
+
 class _Board:
     """Messages between the processes of a sharded run, through the key-value store of torchrun's
     rendezvous (the store the process group was started from).
@@ -103,13 +104,13 @@ def _plan_shard(table: str, window: int, board: _Board) -> _Shard:
     if is_gzip(table):
         seen = [0]
 
-        def mine():
+        def windows_of_this_rank():
             for first, data in iter_line_blocks(table, window):
                 seen[0] += count_lines(data)
                 if ((first - 1) // window) % world == rank:
                     yield first, data
 
-        return _Shard(mine(), lambda: seen[0])
+        return _Shard(windows_of_this_rank(), lambda: seen[0])
     size = os.path.getsize(table)
     cut = [r * size // world for r in range(world + 1)]
     board.post("newlines", count_newlines(table, cut[rank], cut[rank + 1]))
@@ -136,9 +137,15 @@ def _plan_shard(table: str, window: int, board: _Board) -> _Shard:
     return _Shard(blocks, lambda: total)
 
 
-def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool, unknown: bool, window: int,
-                 workers: int, progress: bool, dist: Distributed, max_words: int = MAX_PHRASE_WORDS) -> ScoreStats:
-    """One process's part of a sharded run (see `_Shard` for the split).
+def score_shard(scorer: PhraseScorer, prologue: Callable[..., tuple[TableJob, Window, Iterator[tuple[int, bytes]]]],
+                table: str, output: str, window: int, workers: int, progress: bool,
+                dist: Distributed) -> tuple[int, int]:
+    """This process's part of a sharded run of `table.score_table` (see `_Shard` for the split): returns the
+    lines written and the distinct sources scored, by all processes on rank 0, by this one elsewhere.
+
+    Every process runs the `prologue` of every run (`prologue(combine)`: the job and the parsed first window,
+    `--dtype auto` settled with the probe's times added up over the processes); rank 0, whose share begins
+    with that window, scores it without reading it again.
 
     Each process writes its windows to a part file beside the output and posts
     its status; rank 0 waits for all, checks that the windows cover the table
@@ -158,7 +165,6 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
         raise UserError("sharded scoring (torchrun) needs a table file and an output file, not '-'")
     if not os.path.isfile(table):  # every process reads the table, by byte offsets: a pipe cannot be shared
         raise UserError(f"{table}: sharded scoring (torchrun) needs a table file, not a pipe")
-    start = time.perf_counter()
     board = _Board(dist)
     folder, name = os.path.dirname(os.path.abspath(output)), os.path.basename(output)
     remove_stale_temporaries(folder, name)  # parts of earlier runs killed outright
@@ -169,15 +175,21 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
     interrupted = False
     try:
         try:
-            head = next(iter_line_blocks(table, window), None)  # the first window, as a single process reads it
-            job = TableJob(table, first_line_scores(table, head), normalize, unknown, max_words)
-            settle_dtype(scorer, job, head, quiet=not (progress and dist.is_main), combine=board.add_up)
+            job, head, rest = prologue(board.add_up)
+            rest.close()  # each process reads its own share
             shard = _plan_shard(table, window, board)
+            blocks = shard.blocks
+            if dist.rank == 0:  # its share begins with the first window
+                first, data = next(blocks)
+                if (first, len(data)) != (head.first_lineno, len(head.data)):
+                    raise RuntimeError(f"{table}: rank 0's share does not begin with the first window")
+            else:
+                head = None
             desc = f"scoring (rank 0 of {dist.world})"
             with open(part, "wb") as sink, WindowPool(scorer, job, workers) as pool, \
                     tqdm(unit=" pairs", unit_scale=True, disable=not (progress and dist.is_main),
                          dynamic_ncols=True, desc=desc) as bar:
-                for first, (text, n, distinct) in pool.results(shard.blocks):
+                for first, (text, n, distinct) in pool.results(head, blocks):
                     sink.write(text)
                     windows.append(((first - 1) // window, len(text), n))
                     sources += distinct
@@ -224,7 +236,7 @@ def _score_shard(scorer: PhraseScorer, table: str, output: str, normalize: bool,
                 board.post("bye", 1)
                 if dist.is_main:
                     board.gather("bye")
-    return ScoreStats(lines, time.perf_counter() - start, sources, workers, dist.world)
+    return lines, sources
 
 
 def _join_parts(statuses: list[dict], output: str, window: int) -> int:
@@ -257,13 +269,3 @@ def _join_parts(statuses: list[dict], output: str, window: int) -> int:
                     nbytes -= len(data)
     return lines
 
-
-
-def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool = False, unknown: bool = False,
-                window: int = 8192, workers: int = 1, progress: bool = True,
-                dist: Distributed | None = None, max_words: int = MAX_PHRASE_WORDS) -> ScoreStats:
-    """`moses_rnn.scoring.score.score_table`, or, in a torchrun job of more than one process, this process's
-    shard of it, rank 0 joining the parts into `output` (`_score_shard`)."""
-    if dist is not None and dist.enabled:
-        return _score_shard(scorer, table, output, normalize, unknown, window, workers, progress, dist, max_words)
-    return score.score_table(scorer, table, output, normalize, unknown, window, workers, progress, max_words)
