@@ -175,10 +175,10 @@ def test_stdin_given_as_two_inputs_is_refused(tmp_path, tiny_model):
 def test_sharded_scoring_refuses_a_pipe(pipe, tmp_path, table):
     """Every torchrun process reads the table by byte offsets: a pipe cannot be shared, so it is refused
     before any process reads it (a single process streams it: `test_score_reads_a_pipe_whole`)."""
-    from moses_rnn.scoring.shard import _score_shard
+    from moses_rnn.scoring.shard import score_shard
 
     with pytest.raises(UserError, match="sharded scoring .* needs a table file, not a pipe"):
-        _score_shard(None, pipe(table.read_bytes()), str(tmp_path / "out"), False, False, 100, 1, False, None)
+        score_shard(None, None, pipe(table.read_bytes()), str(tmp_path / "out"), 100, 1, False, None)
 
 
 def test_score_reads_a_pipe_whole(pipe, tmp_path, table, tiny_model):
