@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # torch: a torch already in $(VENV) is kept (your own CUDA build, say), and
 # $(TORCH) is installed only where there is none; which build pip picks for it
-# depends on its index (README, "Quick start"). `make install TORCH=SPEC` asks
+# depends on its index (docs/install.md). `make install TORCH=SPEC` asks
 # for SPEC explicitly: it is installed even over a torch already there.
 TORCH  ?= torch==2.13.0
 ifneq ($(filter command line environment,$(origin TORCH)),)
