@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from mtcommon.errors import UserError
-from mtcommon.modeldir import ModelError
+from mtcommon.finite import check_finite
 from mtcommon.runtime import (Distributed, amp_dtype, autocast, configure_threads, cpu_count, dtype_name,
                               exit_with_parent, is_big, probe_dtype, resolve_device)
 from mtcommon.textio import InputError, atomic_output, count_lines, decode_line, iter_line_blocks
@@ -366,19 +366,14 @@ def rescore_window(scorer: PhraseScorer, job: TableJob, first_lineno: int, data:
     kept), the number of lines and the number of distinct source phrases. A
     phrase longer than `job.max_words` words raises InputError naming its line
     (`check_phrase_lengths`). A non-finite log p (a model that overflows)
-    raises ModelError naming the model and the line, so no `nan` is ever
-    written.
+    raises NonFiniteScores naming the model and the line (`mtcommon.finite`),
+    so no `nan` is ever written.
     """
     window = parse_window(data, job.path, first_lineno, job.nscores)
     check_phrase_lengths(window, job)
     before = scorer.distinct_sources
     values = scorer.phrase_features(window.sources, window.targets, job.normalize, job.unknown)
-    finite = np.isfinite(values[:, 0])
-    if not finite.all():  # a model that overflows: never a `nan` column (the loader refuses non-finite weights)
-        line = first_lineno + int(np.argmin(finite))
-        raise ModelError(scorer.model_dir or "the model",
-                         f"gives a non-finite log-probability ({values[line - first_lineno, 0]}) "
-                         f"for {job.path}:{line}")
+    check_finite(values[:, 0], scorer.model_dir or "the model", lambda i: f"for {job.path}:{first_lineno + i}")
     return window.with_columns(format_columns(values)), len(window), scorer.distinct_sources - before
 
 
