@@ -323,12 +323,6 @@ def test_kind_speaks_for_an_unreadable_config(tmp_path):
     assert modeldir.kind(str(tmp_path)) is None  # no config.json at all: not a model directory yet
 
 
-def test_a_model_of_the_other_tool_is_still_refused_in_one_line(tiny_model, tiny_cslm, text):
-    r = invoke("cslm", "eval", tiny_model, text, "--quiet")
-    assert r.exit_code == 1
-    assert_one_line_error(r.output, tiny_model, "an RNN phrase-scorer model directory")
-
-
 # -- the files: one mode, one atomic writer -------------------------------------------------------------------------
 def write_models(out: Path) -> tuple[Path, Path]:
     """A phrase model's and a CSLM's directories written by the library, with a checkpoint each."""
