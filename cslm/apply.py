@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from mtcommon import nbest
 from mtcommon.errors import UserError
+from mtcommon.finite import check_finite
 from mtcommon.textio import InputError, atomic_output, iter_lines
 
 from .client import RemoteBackend  # the Backend over a server (__all__)
@@ -84,6 +85,21 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
             lines += len(win)
             bar.update(len(win))
     return {"lines": lines, "tokens": tokens, "unknown": unknown, "logprob": total}
+
+
+def _ppl(model: str, logprob: float, tokens: int) -> float:
+    """exp(-logprob / tokens) (no tokens count as one), checked (`mtcommon.finite`): finite
+    log-probabilities can still make a perplexity past the largest float, which is no number to write."""
+    try:
+        value = math.exp(-logprob / max(tokens, 1))
+    except OverflowError:
+        value = math.inf
+    check_finite(value, model, "as a perplexity")
+    return value
+
+
+def _name(backend: Backend) -> str:
+    return getattr(backend, "name", "the model")
 
 
 def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = None, window: int = 2000,
@@ -157,15 +173,15 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
         "tokens": n_all,
         "unknown": n_unk,
         "backoff": n_backoff,
-        "cslm_ppl": math.exp(-c_all / max(n_all, 1)),
-        "cslm_ppl_in_shortlist": math.exp(-c_in / max(n_in, 1)),
+        "cslm_ppl": _ppl(_name(backend), c_all, n_all),
+        "cslm_ppl_in_shortlist": _ppl(_name(backend), c_in, n_in),
     }
     if log_z:
         z = np.concatenate(zs).astype(np.float64)
         p5, p50, p95 = np.percentile(z, [5, 50, 95])
         res.update({
-            "cslm_ppl_unnormalized": math.exp(-u_all / n_all),
-            "cslm_ppl_unnormalized_in_shortlist": math.exp(-u_in / max(n_in, 1)),
+            "cslm_ppl_unnormalized": _ppl(_name(backend), u_all, n_all),
+            "cslm_ppl_unnormalized_in_shortlist": _ppl(_name(backend), u_in, n_in),
             "log_z": {"ngrams": int(len(z)), "mean": float(z.mean()), "sd": float(z.std()), "p5": float(p5),
                       "p50": float(p50), "p95": float(p95), "mean_abs": float(np.abs(z).mean()),
                       "min": float(z.min()), "max": float(z.max())},
@@ -174,12 +190,12 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
         res.update({
             "kenlm_order": lm.order,
             "kenlm_oov": k_oov,
-            "kenlm_ppl": math.exp(-k_all / max(n_all, 1)),
-            "kenlm_ppl_in_shortlist": math.exp(-k_in / max(n_in, 1)),
+            "kenlm_ppl": _ppl(lm.path, k_all, n_all),
+            "kenlm_ppl_in_shortlist": _ppl(lm.path, k_in, n_in),
         })
     if mix_weight is not None:
-        res.update({"mix_weight": mix_weight, "mix_ppl": math.exp(-m_all / n_all),
-                    "mix_ppl_in_shortlist": math.exp(-m_in / max(n_in, 1))})
+        res.update({"mix_weight": mix_weight, "mix_ppl": _ppl(_name(backend), m_all, n_all),
+                    "mix_ppl_in_shortlist": _ppl(_name(backend), m_in, n_in)})
     return res
 
 
@@ -211,10 +227,10 @@ def estimate_mix_weight(backend: Backend, kenlm: str | KenLMBackoff, path: str, 
         "em_iterations": iterations,
         "tokens": int(len(c)),
         "in_shortlist": int(inside.sum()),
-        "cslm_ppl_in_shortlist": math.exp(-float(c[inside].mean())),
-        "kenlm_ppl_in_shortlist": math.exp(-float(k[inside].mean())),
-        "mix_ppl_in_shortlist": math.exp(-float(m[inside].mean())),
-        "mix_ppl": math.exp(-float(m.mean())),
+        "cslm_ppl_in_shortlist": _ppl(_name(backend), float(c[inside].mean()), 1),
+        "kenlm_ppl_in_shortlist": _ppl(kenlm.path, float(k[inside].mean()), 1),
+        "mix_ppl_in_shortlist": _ppl(_name(backend), float(m[inside].mean()), 1),
+        "mix_ppl": _ppl(_name(backend), float(m.mean()), 1),
     }
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from mtcommon.errors import UserError
+from mtcommon.finite import check_finite
 from mtcommon.runtime import resolve_device
 from mtcommon.vocab import BOS, EOS, Vocabulary
 
@@ -82,8 +83,10 @@ def trained_self_normalized(meta: dict) -> bool:
 
 class Engine:
     def __init__(self, model: CSLM, vocab: Vocabulary, device: str | torch.device = "cpu",
-                 backoff: KenLMBackoff | None = None, chunk: int = 2048, normalized: bool = True):
+                 backoff: KenLMBackoff | None = None, chunk: int = 2048, normalized: bool = True,
+                 name: str = "the model"):
         self.model = model.eval()
+        self.name = name  # the model directory, named by the error a non-finite score raises
         self.vocab = vocab
         self.device = torch.device(device)
         self.backoff = backoff
@@ -102,7 +105,7 @@ class Engine:
              normalized: bool = True) -> "Engine":
         dev = resolve_device(device)
         m = modeldir.load(model_dir, dev)
-        eng = cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk, normalized)
+        eng = cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk, normalized, model_dir)
         eng.train_self_norm = train_self_norm(m.meta)
         eng.trained_self_normalized = trained_self_normalized(m.meta)
         return eng
@@ -170,9 +173,15 @@ class Engine:
         out = self._run(ngrams, self._chunk, 2)
         return np.ascontiguousarray(out[:, 0]), flags, np.ascontiguousarray(out[:, 1])
 
-    @torch.no_grad()
     def _run(self, ngrams: np.ndarray, chunk_fn, width: int) -> np.ndarray:
-        """Padded (N, order) n-grams -> (N, width) float32: chunk_fn over the distinct histories."""
+        """Padded (N, order) n-grams -> (N, width) float32: chunk_fn over the distinct histories; every value
+        finite, else NonFiniteScores naming the model (`mtcommon.finite`), before any caller sees one."""
+        res = self._run_chunks(ngrams, chunk_fn, width)
+        check_finite(res, self.name, lambda i: f"for n-gram {i // width + 1} of {len(res)}")
+        return res
+
+    @torch.no_grad()
+    def _run_chunks(self, ngrams: np.ndarray, chunk_fn, width: int) -> np.ndarray:
         n = len(ngrams)
         res = np.empty((n, width), np.float32)
         if n == 0:

@@ -26,12 +26,17 @@ VOCAB = "cslm.vocab"
 FORMAT = "cslm"
 
 
+# meta.train_config's fields that loading reads (`cslm.engine`: how the model was normalised)
+TRAIN_FIELDS = {"self_norm": modeldir.NON_NEGATIVE, "objective": modeldir.TEXT}
+
+
 @dataclass
 class LoadedCSLM:
     model: CSLM
     vocab: Vocabulary
     config: CSLMConfig
     meta: dict
+    path: str = "the model"  # the model directory, for messages
 
 
 def save_vocab(model_dir: str, vocab: Vocabulary) -> None:
@@ -45,7 +50,7 @@ def save_weights(model_dir: str, model: CSLM, meta: dict | None = None) -> None:
 
 
 def read_config(model_dir: str) -> tuple[CSLMConfig, dict]:
-    return modeldir.read_config(model_dir, FORMAT, partial(modeldir.from_fields, CSLMConfig))
+    return modeldir.read_config(model_dir, FORMAT, partial(modeldir.from_fields, CSLMConfig), TRAIN_FIELDS)
 
 
 def load_vocab(model_dir: str, size: int | None = None) -> Vocabulary:
@@ -58,4 +63,4 @@ def load(model_dir: str, device: str | torch.device = "cpu") -> LoadedCSLM:
     cfg, meta = read_config(model_dir)
     vocab = load_vocab(model_dir, cfg.vocab_size)
     model = modeldir.load_weights(model_dir, lambda: CSLM(cfg), device)
-    return LoadedCSLM(model, vocab, cfg, meta)
+    return LoadedCSLM(model, vocab, cfg, meta, model_dir)

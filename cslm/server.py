@@ -40,6 +40,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from mtcommon.errors import UserError
+from mtcommon.finite import NonFiniteScores, check_finite
 
 from . import protocol as P
 from .batcher import Batcher, CachedScorer
@@ -351,16 +352,15 @@ class Server:
             logp, flags = await self.batcher.submit(rows, conn)
             if grams is not None and self.engine.backoff is not None:
                 self.engine.apply_backoff(grams, logp, flags)
-        except Exception as e:  # the error reply closes this connection only
-            await self._error(writer, rid, P.E_INTERNAL, f"scoring failed: {e}")
+            # never a NaN or an infinity on the wire (the engine checks its own output; this covers every path)
+            check_finite(logp, self.engine.name, f"in a request of {len(logp)} n-grams")
+        except NonFiniteScores as e:  # the model's weights are broken: every client is told, the log once a while
+            self.log.event("nonfinite", f"cslm: {e}; answered with an error")
+            await self._error(writer, rid, P.E_INTERNAL, str(e))
             writer.close()
             return
-        bad = len(logp) - int(np.isfinite(logp).sum())
-        if bad:  # never a NaN or an infinity on the wire: the model's weights are broken
-            self.log.event("nonfinite", f"cslm: the model gave {bad} non-finite scores for a request of "
-                                        f"{len(logp)} n-grams; answered with an error")
-            await self._error(writer, rid, P.E_INTERNAL,
-                              f"the model gave {bad} non-finite scores of {len(logp)}: its weights are broken")
+        except Exception as e:  # the error reply closes this connection only
+            await self._error(writer, rid, P.E_INTERNAL, f"scoring failed: {e}")
             writer.close()
             return
         self.stats.ngrams += len(rows)

@@ -12,29 +12,35 @@ half-written one and a killed run leaves the previous version in place.
 only their own config class, vocabulary files and model constructor.
 
 Loading checks every file here, once for both networks: a file that is damaged
-(cut short, empty, random bytes, a huge header), a config whose values are
-invalid or whose sizes do not fit the weights or vocabularies, and weights
-that are not finite all raise a `ModelError` naming the file, before any work
-starts and before a model of the config's size is allocated.
+(cut short, empty, random bytes, a huge header), a config of an unknown format,
+whose values are invalid or whose sizes do not fit the weights or vocabularies,
+training metadata of the wrong types, and weights that are not tensors of the
+architecture's names, shapes and dtypes, or not finite, all raise a `ModelError`
+naming the file and the field or tensor, before any work starts and before a
+model of the config's size is allocated.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Callable, TypeVar
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_tensors
 from torch.overrides import TorchFunctionMode
 
 from .errors import UserError
+from .finite import all_finite
 from .textio import InputError, atomic_output
 from .vocab import Vocabulary
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint.pt"
+# The `format` of each kind of model directory: the phrase models' (moses_rnn.networks.modelio) and the CSLM's
+FORMATS = ("moses-rnn", "cslm")
 
 T = TypeVar("T")
 
@@ -56,23 +62,41 @@ def _brief(e: object, limit: int = 300) -> str:
 
 
 def kind(model_dir: str) -> str | None:
-    """The `format` of a model directory's config ('cslm', 'moses-rnn'), None if it has no readable config.
+    """The `format` of a model directory's config (one of FORMATS), None if it has no config.json yet.
 
-    Directories written before the field existed are phrase models ('moses-rnn').
+    A config.json that is there but unreadable, not a model config or of an unknown format is a
+    ModelError naming it (`read_blob`), not a folder to pass over. Directories written before the
+    field existed are phrase models ('moses-rnn').
     """
+    path = os.path.join(model_dir, CONFIG)
+    if not os.path.exists(path):
+        return None
+    return _format(path, read_blob(path))
+
+
+def read_blob(path: str) -> dict:
+    """The object a config.json holds; a ModelError naming it if it is not readable JSON of an object."""
     try:
-        with open(os.path.join(model_dir, CONFIG), encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             blob = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return _format(blob)
-
-
-def _format(blob: object) -> str | None:
-    """The `format` of a config.json's contents, None if it is not a model config."""
+    except json.JSONDecodeError as e:
+        raise ModelError(path, f"invalid JSON at line {e.lineno} ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise ModelError(path, f"invalid UTF-8 ({e.reason})") from None
+    except OSError as e:
+        raise ModelError(path, f"cannot be read ({e.strerror or _brief(e)})") from None
     if not isinstance(blob, dict) or not isinstance(blob.get("model"), dict):
-        return None
-    return blob.get("format", "moses-rnn")
+        raise ModelError(path, 'not a model config (no "model" object)')
+    return blob
+
+
+def _format(path: str, blob: dict) -> str:
+    """The `format` field of a config's contents, checked: one of FORMATS."""
+    found = blob.get("format", "moses-rnn")
+    if not isinstance(found, str) or found not in FORMATS:
+        raise ModelError(path, f'unknown "format" {_brief(json.dumps(found), 60)}; '
+                               f'known: {", ".join(FORMATS)}')
+    return found
 
 
 def from_fields(cls: type[T], d: dict) -> T:
@@ -103,44 +127,73 @@ def save(model_dir: str, model: torch.nn.Module, fmt: str, config: dict, meta: d
     """Write model.safetensors, then config.json ({"format", "model": config, "meta"}), each atomically."""
     os.makedirs(model_dir, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    tmp = os.path.join(model_dir, f".{WEIGHTS}.{os.getpid()}.tmp")
-    try:
-        save_file(state, tmp)
-        os.replace(tmp, os.path.join(model_dir, WEIGHTS))
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_output(os.path.join(model_dir, WEIGHTS), compress=False) as f:
+        f.write(save_tensors(state))
     write_json(os.path.join(model_dir, CONFIG), {"format": fmt, "model": config, "meta": meta or {}})
 
 
-def read_config(model_dir: str, fmt: str, parse: Callable[[dict], T]) -> tuple[T, dict]:
+@dataclass(frozen=True)
+class Field:
+    """What a metadata field must be: `accepts` a value read from JSON, `description` in the error."""
+
+    accepts: Callable[[object], bool]
+    description: str
+
+    def or_null(self) -> "Field":
+        return Field(lambda v: v is None or self.accepts(v), f"{self.description}, or null")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and all_finite(value)
+
+
+COUNT = Field(lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer of at least 0")
+NON_NEGATIVE = Field(lambda v: _number(v) and v >= 0, "a finite number of at least 0")
+NUMBER = Field(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
+TEXT = Field(lambda v: isinstance(v, str), "a string")
+OBJECT = Field(lambda v: isinstance(v, dict), "an object")
+
+# The training metadata's fields that readers use (mtcommon.trainer writes them), and those of
+# meta.train_config that both trainers write; each format adds its own (`read_config`'s train_fields).
+META_FIELDS: dict[str, Field] = {"train_config": OBJECT, "step": COUNT, "valid_ppl": NUMBER, "device": TEXT}
+TRAIN_FIELDS: dict[str, Field] = {"preset": TEXT, "recipe": TEXT, "device": TEXT, "threads": COUNT.or_null(),
+                                  "max_minutes": NON_NEGATIVE.or_null(), "max_steps": COUNT.or_null()}
+
+
+def read_config(model_dir: str, fmt: str, parse: Callable[[dict], T],
+                train_fields: dict[str, Field] | None = None) -> tuple[T, dict]:
     """(`parse` of the model's config dict, the training metadata) of a `fmt` model directory.
 
     `parse` (`partial(from_fields, ConfigClass)`: the one rule for a config's keys) raises
-    UserError for an invalid config; every problem becomes a ModelError naming config.json.
+    UserError for an invalid config; the metadata's fields that readers use are checked by type
+    (META_FIELDS, TRAIN_FIELDS, and the format's own `train_fields` of meta.train_config). Every problem
+    is a ModelError naming config.json and the field.
     """
     path = os.path.join(model_dir, CONFIG)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{model_dir}: not a model directory (no {CONFIG})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            blob = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ModelError(path, f"invalid JSON at line {e.lineno} ({e.msg})") from None
-    except UnicodeDecodeError as e:
-        raise ModelError(path, f"invalid UTF-8 ({e.reason})") from None
-    found = _format(blob)
-    if found is None:
-        raise ModelError(path, 'not a model config (no "model" object)')
+    blob = read_blob(path)
+    found = _format(path, blob)
     if found != fmt:
-        raise ModelError(path, f"a {found!r} model directory, not a {fmt!r} one")
+        raise ModelError(path, f"holds a model of format {found!r}, not {fmt!r}")
     meta = blob.get("meta", {})
-    if not isinstance(meta, dict):
-        raise ModelError(path, '"meta" is not an object')
+    _check_fields(path, "meta", meta, META_FIELDS)
+    _check_fields(path, "meta.train_config", meta.get("train_config", {}), {**TRAIN_FIELDS, **(train_fields or {})})
     try:
         return parse(blob["model"]), meta
     except UserError as e:
         raise ModelError(path, f"invalid model config: {e}") from None
+
+
+def _check_fields(path: str, where: str, blob: object, checks: dict[str, Field]) -> None:
+    """A ModelError naming `path` and the field unless `blob` is an object whose fields named in `checks`
+    are what they must be (a field left out is allowed: its readers have defaults)."""
+    if not isinstance(blob, dict):
+        raise ModelError(path, f'"{where}" is not an object')
+    for name, field in checks.items():
+        if name in blob and not field.accepts(blob[name]):
+            raise ModelError(path, f'"{where}.{name}" must be {field.description}, '
+                                   f'not {_brief(json.dumps(blob[name]), 60)}')
 
 
 def load_vocab(model_dir: str, name: str, size: int | None = None) -> Vocabulary:
@@ -156,32 +209,33 @@ def fit_state(path: str, build: Callable[[], torch.nn.Module], state: dict) -> t
     """`build()`'s model holding `state` (parameter name -> tensor), read from the file `path`.
 
     The one check of loaded weights, for every model the project loads (model.safetensors,
-    a checkpoint's model): every value a finite tensor, and the names and shapes those of the
-    model `build` makes from its config. Shapes are compared on the meta device first, so a
-    config that asks for a huge model allocates nothing. Any misfit is a ModelError naming `path`.
+    a checkpoint's model): every value a tensor with the name, shape and dtype of one of the
+    model `build` makes from its config, and finite. Names and shapes are compared on the meta
+    device first, so a config that asks for a huge model allocates nothing. Any misfit is a
+    ModelError naming `path` and the tensor.
     """
     if not isinstance(state, dict):
         raise ModelError(path, "holds no parameters")
     for name, value in state.items():
         if not isinstance(value, torch.Tensor):
             raise ModelError(path, f"{name!r} is not a tensor")
-        if not _finite(value):
-            raise ModelError(path, f"{name} holds NaN or infinite values")
     with torch.device("meta"), _SkipInitialisers():
         skeleton = build()
     _load_state(path, skeleton, {name: value.to("meta") for name, value in state.items()})
+    wanted = skeleton.state_dict()
+    for name, value in state.items():
+        if value.dtype != wanted[name].dtype:  # load_state_dict would cast integers to floats without a word
+            raise ModelError(path, f"tensor {name!r} is {_dtype(value.dtype)}, not the architecture's "
+                                   f"{_dtype(wanted[name].dtype)}")
+        if not all_finite(value):
+            raise ModelError(path, f"{name} holds NaN or infinite values")
     model = build()
     _load_state(path, model, state)
     return model
 
 
-def _finite(t: torch.Tensor) -> bool:
-    """Whether every value of `t` is finite: its min and max are (NaN propagates), several times
-    faster than torch.isfinite(t).all() on the CPU."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return True
-    low, high = torch.aminmax(t)
-    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 _TENSOR_INITIALISERS = (torch.Tensor.normal_, torch.Tensor.uniform_)
@@ -202,9 +256,9 @@ def _load_state(path: str, model: torch.nn.Module, state: dict) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:  # load_state_dict's one error: names or shapes that do not fit the model
-        problems = [line.strip() for line in str(e).splitlines()[1:] if line.strip()]  # after "Error(s) in ..."
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ModelError(path, f"does not fit {CONFIG}: {_brief(problems[0] if problems else e)}{more}") from None
+        # after "Error(s) in ...": missing names, unexpected ones (a foreign file's), then shapes, one line each
+        problems = [line.strip().rstrip(".") for line in str(e).splitlines()[1:] if line.strip()]
+        raise ModelError(path, f"does not fit {CONFIG}: {_brief('; '.join(problems) or e)}") from None
 
 
 def load_weights(model_dir: str, build: Callable[[], torch.nn.Module],
@@ -223,9 +277,8 @@ def load_weights(model_dir: str, build: Callable[[], torch.nn.Module],
 
 def save_checkpoint(model_dir: str, state: dict) -> None:
     """Atomically write the training state (tensors, numbers, strings only)."""
-    tmp = os.path.join(model_dir, f".{CHECKPOINT}.{os.getpid()}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, os.path.join(model_dir, CHECKPOINT))
+    with atomic_output(os.path.join(model_dir, CHECKPOINT), compress=False) as f:
+        torch.save(state, f)
 
 
 def load_checkpoint(model_dir: str) -> object:

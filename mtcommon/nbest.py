@@ -9,7 +9,6 @@ kept, the total too (the tuner recomputes it from the weights). Both rescorers,
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Sequence
@@ -61,10 +60,9 @@ class Hypothesis:
 
 
 def _fmt(value: float | int) -> str:
+    """A feature value as Moses writes it; callers pass values `finite.check_finite` has checked."""
     if isinstance(value, int):
         return str(value)
-    if not math.isfinite(value):
-        raise UserError(f"a non-finite feature value ({value!r}): the model's scores are broken")
     return f"{value:.6f}"
 
 

@@ -462,6 +462,17 @@ def remove_stale_temporaries(folder: str, name: str) -> list[str]:
     return removed
 
 
+def new_file_mode() -> int:
+    """The mode `open` gives a new file: 0666 less the process's umask."""
+    try:  # Linux: read without changing it, so no other thread ever sees a different umask
+        with open("/proc/self/status", encoding="ascii") as f:
+            mask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return 0o666 & ~mask
+
+
 def sibling_temporary(path: str, label: str) -> str:
     """Create an empty temporary file beside `path`, named as `atomic_output`'s are
     (`.NAME.HOST-PID.LABEL.XXXX.tmp`), so the one a killed run leaves behind is removed by
@@ -593,7 +604,7 @@ def atomic_output(path: str, compress: bool | None = None, threads: int | None =
             yield stream
         finally:
             stream.close()
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, new_file_mode())  # mkstemp's 0600 would hide the output from the user's group and others
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -351,7 +351,7 @@ def test_a_model_that_overflows_stops_the_run_naming_it(workers, tmp_path, tiny_
     r = run("moses-rnn", "score", example_table, "-m", model, "-o", out, "--workers", workers, "--window", 64,
             "--quiet")
     assert r.returncode == 1
-    line = assert_one_line_error(r.stderr, model, "non-finite log-probability", f"{example_table}:")
+    line = assert_one_line_error(r.stderr, model, "non-finite scores", f"{example_table}:")
     assert "nan" in line or "inf" in line
     assert gzip.decompress(out.read_bytes()) == b"previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "out.gz"]

@@ -1,17 +1,13 @@
 """The encoder-decoder's equations, checked against a direct transcription of the paper;
 the interface both architectures share (modelbase.PhraseModel)."""
 
-import json
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from moses_rnn.networks.model import EncoderDecoder
 from moses_rnn.networks import ARCHS
 from moses_rnn.networks.modelbase import PRESETS, RNNSEARCH_PRESETS, ModelConfig, PhraseModel, preset_config
-from moses_rnn.networks.modelio import ARCHITECTURES, build_model, load_model, save_model, save_vocabularies
-from mtcommon.vocab import Vocabulary
+from moses_rnn.networks.modelio import ARCHITECTURES, build_model
 
 
 def small_model(seed=0):
@@ -175,35 +171,3 @@ def test_only_attention_models_align():
     assert not encdec.has_attention
     with pytest.raises(ValueError, match="no attention"):
         encdec.alignment(src, src != 0, tgt)
-
-
-# Parameter names written before the output layer moved to `output` (new -> old).
-LEGACY_NAMES = {
-    ("encdec", 3): {"output.G_r.weight": "decoder.G_r.weight", "output.G_l.weight": "decoder.G_l.weight",
-                    "output.G_l.bias": "decoder.G_l.bias"},
-    ("rnnsearch", 3): {"output.G_r.weight": "decoder.W_o.0.weight", "output.G_l.weight": "decoder.W_o.1.weight",
-                       "output.G_l.bias": "decoder.W_o.1.bias"},
-    ("rnnsearch", 8): {"output.G_l.weight": "decoder.W_o.weight", "output.G_l.bias": "decoder.W_o.bias"},
-}
-
-
-@pytest.mark.parametrize("arch,out_rank", sorted(LEGACY_NAMES))
-def test_model_directories_with_legacy_names_still_load(arch, out_rank, tmp_path):
-    m = random_model(arch, out_rank)
-    rename = LEGACY_NAMES[arch, out_rank]
-    assert set(rename) == {k for k in m.state_dict() if k.startswith("output.")}
-    vocab = Vocabulary(["</s>", "[UNK]"] + [f"w{i}" for i in range(9)])
-    tvocab = Vocabulary(["</s>", "[UNK]"] + [f"v{i}" for i in range(11)])
-    save_vocabularies(str(tmp_path), vocab, tvocab)
-    save_model(str(tmp_path), m)
-    # rewrite the directory as the code before the move wrote it: old names, config with align 0
-    weights = load_file(str(tmp_path / "model.safetensors"))
-    save_file({rename.get(k, k): v for k, v in weights.items()}, str(tmp_path / "model.safetensors"))
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model"]["align"] == (7 if arch == "rnnsearch" else 0)
-    loaded = load_model(str(tmp_path))
-    src, tgt = torch.tensor([[3, 5, 7]]), torch.tensor([[4, 9, 0]])
-    ones = torch.ones_like
-    with torch.no_grad():
-        assert torch.equal(loaded.model(src, ones(src, dtype=torch.bool), tgt, ones(tgt, dtype=torch.bool)),
-                           m(src, ones(src, dtype=torch.bool), tgt, ones(tgt, dtype=torch.bool)))

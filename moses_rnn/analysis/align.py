@@ -30,7 +30,7 @@ def soft_alignment(loaded, source: str, target: str | None = None, beam: int = 5
     """alpha of (source, target); with no target, of the model's beam-search translation."""
     model = loaded.model
     if not model.has_attention:
-        raise UserError(f"a {loaded.config.arch!r} model has no alignment; train with --arch rnnsearch")
+        raise UserError(f"this model has no alignment (architecture {loaded.config.arch!r}); train with --arch rnnsearch")
     if not source.split():
         raise UserError("empty source sentence")
     gen = Generator(loaded)

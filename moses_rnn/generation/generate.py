@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from mtcommon.errors import UserError
+from mtcommon.finite import check_finite
 from mtcommon.vocab import EOS
 
 from ..networks.modelbase import log_normalizer_
@@ -66,6 +67,7 @@ class Generator:
         self.eos = self.tgt_vocab.index[EOS]
         self.unk = self.tgt_vocab.unk_id
         self.embed = self.model.target_embeddings()
+        self.name = loaded.path  # the model directory, named by the error a non-finite score raises
 
     def _encode(self, sources: Sequence[str]):
         """Right-padded source ids and mask; the model's context; source lengths."""
@@ -113,12 +115,13 @@ class Generator:
         """
         V = len(self.tgt_vocab)
         rows, ranked = max(8, self.logit_block_bytes // (4 * V)), min(W + 2, V)
-        tops, words = [], []
+        tops, words, log_zs = [], [], []
         for i in range(0, out.shape[0], rows):
             logits = self.model.output.logits(out[i : i + rows]).float()
             top, word = logits.topk(ranked, dim=1, sorted=False)
             eos = logits[:, self.eos].clone()
             log_z = log_normalizer_(logits)[:, None]  # overwrites the block
+            log_zs.append(log_z)
             top -= log_z
             if t == 0:
                 top.masked_fill_(word == self.eos, -math.inf)  # no empty target
@@ -131,6 +134,8 @@ class Generator:
             top, pick = top.topk(W, dim=1)
             tops.append(top)
             words.append(word.gather(1, pick))
+        # log Z is finite exactly when every logit is (or -inf, a word never chosen): one check a step
+        check_finite(torch.cat(log_zs), self.name, f"in the softmax of target word {t + 1}")
         return torch.cat(tops), torch.cat(words)
 
     @staticmethod
@@ -184,6 +189,8 @@ class Generator:
         for t in range(int(limit.max()) + 1):
             logits, state = self.model.step(ctx, state, e_prev)
             logp = torch.log_softmax(logits.float(), dim=-1)
+            # the best word's log p is finite exactly when the row's softmax is: one check a step
+            check_finite(logp.amax(dim=-1), self.name, f"in the softmax of target word {t + 1}")
             probs = torch.softmax(self._allowed(logp, t, limit, allow_unk) / temperature, dim=-1)
             y = torch.multinomial(probs, 1, generator=gen).squeeze(1)
             y = torch.where(done, torch.full_like(y, self.eos), y)

@@ -74,8 +74,8 @@ def translate_lines(gen: Generator, lines: Iterable[str], output: str, beam: int
     each; with `n_best` > 1, `index ||| translation ||| score` lines, `n_best` per input line (none for an
     empty one), as Moses writes n-best lists."""
     if replace_unk and not gen.model.has_attention:
-        raise UserError(f"--replace-unk uses the attention weights: a {gen.model.config.arch!r} model has none "
-                        "(train with --arch rnnsearch)")
+        raise UserError(f"--replace-unk uses the attention weights: this model has none (architecture "
+                        f"{gen.model.config.arch!r}; train with --arch rnnsearch)")
     if replace_unk and gen.tgt_vocab.kind != "words":
         raise UserError("--replace-unk is for word shortlists: a subword model never writes [UNK]")
     stats = TranslationStats()

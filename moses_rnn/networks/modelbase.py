@@ -57,7 +57,7 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise UserError(f"`{name}` must be an integer of at least {least}, not {value!r}")
         if self.arch != "rnnsearch" and self.align:
-            raise UserError(f"`align` sizes the RNNsearch alignment model; an {self.arch!r} config must leave it 0")
+            raise UserError(f"`align` sizes the RNNsearch alignment model: it must be 0 with architecture {self.arch!r}")
         if self.segmentation not in self.SEGMENTATIONS:
             raise UserError(f"unknown segmentation {self.segmentation!r}; choose from {', '.join(self.SEGMENTATIONS)}")
         for name in ("src_sha256", "tgt_sha256"):
@@ -186,29 +186,6 @@ class Context(Protocol):
         ...
 
 
-# Parameter names written by model directories before the output layer had
-# its own home (old prefix -> new prefix; the first match applies).
-LEGACY_KEYS = (
-    ("decoder.G_r.", "output.G_r."),  # encdec
-    ("decoder.G_l.", "output.G_l."),
-    ("decoder.W_o.0.", "output.G_r."),  # RNNsearch, low-rank W_o
-    ("decoder.W_o.1.", "output.G_l."),
-    ("decoder.W_o.", "output.G_l."),  # RNNsearch, full W_o
-)
-
-
-def upgrade_state_dict(state: dict) -> dict:
-    """`state` with legacy parameter names renamed (LEGACY_KEYS); values untouched."""
-    out = {}
-    for key, value in state.items():
-        for old, new in LEGACY_KEYS:
-            if key.startswith(old):
-                key = new + key[len(old) :]
-                break
-        out[key] = value
-    return out
-
-
 class PhraseModel(nn.Module, ABC):
     """A model of p(target phrase | source phrase): the interface every architecture implements.
 
@@ -279,7 +256,7 @@ class PhraseModel(nn.Module, ABC):
     def alignment(self, src: torch.Tensor, src_mask: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
         """Soft alignments [B, T, S] of teacher-forced targets; rows sum to 1 over real source
         words. Only models with `has_attention`; the others raise ValueError."""
-        raise ValueError(f"a {self.config.arch!r} model has no attention, hence no soft alignment")
+        raise ValueError(f"this model has no attention (architecture {self.config.arch!r}), hence no soft alignment")
 
     # -- training and measurement -----------------------------------------
     @abstractmethod
@@ -289,7 +266,3 @@ class PhraseModel(nn.Module, ABC):
     @abstractmethod
     def flops_per_pair(self, src_len: float, tgt_len: float) -> float:
         """Multiply-adds x 2 of one forward pass of a pair of these lengths (benchmarks)."""
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """nn.Module.load_state_dict, accepting the legacy parameter names too (upgrade_state_dict)."""
-        return super().load_state_dict(upgrade_state_dict(state_dict), strict=strict, assign=assign)

@@ -50,6 +50,7 @@ class LoadedModel:
     tgt_vocab: Vocabulary
     config: ModelConfig
     meta: dict
+    path: str = "the model"  # the model directory, for messages
 
 
 def vocabulary_files(segmentation: str) -> tuple[str, str]:
@@ -108,4 +109,4 @@ def load_model(model_dir: str, device: str | torch.device = "cpu") -> LoadedMode
     cfg, meta = read_config(model_dir)
     src_vocab, tgt_vocab = load_vocabularies(model_dir, cfg)
     model = modeldir.load_weights(model_dir, lambda: build_model(cfg), device)
-    return LoadedModel(model, src_vocab, tgt_vocab, cfg, meta)
+    return LoadedModel(model, src_vocab, tgt_vocab, cfg, meta, model_dir)

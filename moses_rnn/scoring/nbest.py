@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from mtcommon import nbest
+from mtcommon.finite import check_finite
 from mtcommon.textio import InputError, atomic_output, iter_lines
 
 from ..formats.phrasetable import phrase_key
@@ -54,6 +55,7 @@ def rescore_nbest(scorer: PhraseScorer, source: str, path: str, output: str, fea
                 keys.append(phrase_key(sources[h.sentence]))
                 seen.add(h.sentence)
             values = scorer.score_keys(keys, [phrase_key(h.text) for h in hyps]).columns(unknown=unknown)
+            check_finite(values[:, 0], scorer.model_dir or "the model", lambda i: f"for {path}:{hyps[i].lineno}")
             rows = [(float(v[0]), int(v[1])) if unknown else (float(v[0]),) for v in values]
             nbest.write(out, hyps, feature, rows)
             stats.hypotheses += len(hyps)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from mtcommon.modeldir import ModelError
+from mtcommon.finite import check_finite
 
 from ..formats.phrasetable import (MAX_PHRASE_WORDS, Window, empty_table_error, first_line_scores, format_columns,
                                    parse_window)
 from ..formats.phrasetable import check_phrase_lengths as phrase_lengths
 from .scorer import PhraseScorer
+
 
 @dataclass(frozen=True)
 class TableJob:
@@ -48,15 +47,10 @@ def first_window(table: str, head: tuple[int, bytes] | None, normalize: bool = F
 def rewrite_window(scorer: PhraseScorer, job: TableJob, window: Window) -> tuple[bytes, int, int]:
     """Score a parsed window: its lines with the model's columns appended to field 3 (every other byte kept),
     the number of lines and the number of distinct source phrases. A non-finite log p (a model that overflows)
-    raises ModelError naming the model and the line, so no `nan` is ever written."""
+    raises NonFiniteScores naming the model and the line (`mtcommon.finite`), so no `nan` is ever written."""
     before = scorer.distinct_sources
     values = scorer.score_keys(window.sources, window.targets).columns(job.normalize, job.unknown)
-    finite = np.isfinite(values[:, 0])
-    if not finite.all():  # a model that overflows: never a `nan` column (the loader refuses non-finite weights)
-        line = window.first_lineno + int(np.argmin(finite))
-        raise ModelError(scorer.model_dir or "the model",
-                         f"gives a non-finite log-probability ({values[line - window.first_lineno, 0]}) "
-                         f"for {job.path}:{line}")
+    check_finite(values[:, 0], scorer.model_dir or "the model", lambda i: f"for {job.path}:{window.first_lineno + i}")
     return window.with_columns(format_columns(values)), len(window), scorer.distinct_sources - before
 
 
