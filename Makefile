@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml $(TORCH_FORCE)
 	touch $@
 
 demo: install
-	$(BIN)/moses-rnn train $(EXAMPLE) -o demo/model --preset tiny --max-steps 500 --eval-every 250 --valid-pairs 40
+	$(BIN)/moses-rnn train $(EXAMPLE) -o demo/model --preset tiny --max-steps 500 --eval-every 250 --valid-pairs 40 --overwrite
 	$(BIN)/moses-rnn score $(EXAMPLE) -m demo/model -o demo/example.rnn.gz --unknown
 	@echo "scored table: demo/example.rnn.gz"; gzip -dc demo/example.rnn.gz | head -n 3
 	@echo "The commands are in $(BIN). Put them on your PATH:"

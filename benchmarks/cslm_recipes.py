@@ -68,7 +68,7 @@ def run_recipe(name: str, extra: str, a) -> dict:
     try:
         done = _cslm("train", a.corpus, "-o", out, "--preset", a.preset, *BASE_ARGS,
                      "--epoch-ngrams", str(a.eval_every * a.batch_size), "--batch-size", str(a.batch_size),
-                     "--max-epochs", str(epochs), "--patience", str(epochs + 1), "--seed", str(a.seed), *opts,
+                     "--max-epochs", str(epochs), "--patience", str(epochs + 1), "--seed", str(a.seed), "--overwrite", *opts,
                      *shlex.split(extra))
         summary = json.loads(done.stderr[done.stderr.index("{"):])
         seconds = time.perf_counter() - t0

@@ -8,10 +8,12 @@ import sys
 
 import click
 
-from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon import __version__
+from mtcommon.cliutil import (LR_SCHEDULE, OVERWRITE, SEED, THREADS, Number, check_device, explicit_options,
+                              fail_cleanly, feature_name, require_model_dir)
 from mtcommon.textio import check_paths
 
-
+from .data import RESERVED
 from .limits import MAX_DELAY_US
 
 
@@ -65,6 +67,7 @@ def _engine(model_dir, device, kenlm, self_normalized=False):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="cslm")
 def main():
     """Continuous-space 7-gram language model (Schwenk, 2007; Cho et al., 2014): train, score, serve."""
 
@@ -73,7 +76,7 @@ def main():
 @click.argument("corpus", type=click.Path(dir_okay=False, allow_dash=False))
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
-@click.option("--vocab-size", type=int, help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
+@click.option("--vocab-size", type=click.IntRange(min=len(RESERVED) + 1), help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
 @click.option("--max-epochs", type=click.IntRange(min=0), default=100, show_default=True)
 @click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time in all (a resumed run gets what is left).")
 @click.option("--patience", type=click.IntRange(min=0), default=10, show_default=True,
@@ -101,17 +104,19 @@ def main():
               help="softmax: the paper's cross-entropy over the shortlist. nce: noise-contrastive estimation "
                    "(Mnih & Teh 2012, as NPLM trains): k+1 output rows an n-gram, self-normalised by construction.")
 @click.option("--noise-samples", type=click.IntRange(min=1), default=100, show_default=True,
-              help="k: noise words per update with --objective nce.")
+              help="k: noise words per update with --objective nce, at most the shortlist's size.")
 @click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--device", default="auto", show_default=True, callback=check_device,
               help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--threads", type=THREADS, help="CPU threads [tuned while training].")
-@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
+@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt: on the same CORPUS, with the "
+              "options it was started with (only --max-epochs, --max-minutes, --device, --threads, --dtype may change).")
+@OVERWRITE
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, valid_text, epoch_ngrams,
           recipe, batch_size, dtype, optimizer, lr, lr_schedule, dropout, self_norm, objective, noise_samples, seed, device, threads, resume,
-          quiet):
+          overwrite, quiet):
     """Train on CORPUS: tokenized text, one sentence per line, plain or gzip.
 
     Data-parallel with torchrun: `torchrun --nproc-per-node 2 $(which cslm) train CORPUS -o MODEL`.
@@ -123,7 +128,8 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
                       noise_samples=noise_samples, valid_fraction=valid_fraction, valid_text=valid_text,
                       patience=patience, max_epochs=max_epochs, max_minutes=max_minutes, epoch_ngrams=epoch_ngrams,
                       seed=seed, device=device, threads=threads)
-    summary = run_train(corpus, model_dir, cfg, resume=resume, progress=not quiet)
+    summary = run_train(corpus, model_dir, cfg, resume=resume, progress=not quiet, given=explicit_options(),
+                        overwrite=overwrite)
     if summary["rank"] == 0:
         click.echo(json.dumps(summary, indent=2), err=True)
 
@@ -241,7 +247,8 @@ def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, 
 @main.command("rescore-nbest")
 @click.argument("paths", nargs=-1, metavar="[MODEL_DIR] NBEST")
 @click.option("-o", "--output", required=True, help="Rescored n-best list ('-' for stdout).")
-@click.option("--feature", default="CSLM0", show_default=True, help="Feature name (Moses: NAME= values).")
+@click.option("--feature", default="CSLM0", show_default=True, callback=feature_name,
+              help="Feature name (Moses: NAME= values): letters, digits, '-' and '.', starting with a letter.")
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
 @MIX_OPTION

@@ -53,7 +53,7 @@ from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
 from mtcommon.vocab import BOS, EOS
 
 from . import modeldir
-from .data import build_vocab, heldout_ngrams, scan_corpus, stream_batches
+from .data import RESERVED, build_vocab, heldout_ngrams, scan_corpus, stream_batches
 from .model import CSLM, preset_config
 
 RECIPES: dict[str, dict] = {
@@ -94,9 +94,17 @@ class TrainConfig:
             raise UserError("--self-norm is a penalty on the softmax's ln Z; NCE self-normalises by itself: "
                             "give one of --objective nce and --self-norm")
         lr_factor(self.lr_schedule, 0.0)  # an unknown schedule is a UserError here
-        preset_config(self.preset, self.vocab_size, self.dropout)  # the model's fields, checked before the data is read
-        if self.noise_samples < 1:
-            raise UserError(f"noise_samples must be at least 1, not {self.noise_samples}")
+        if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= len(RESERVED)):
+            raise UserError(f"--vocab-size must be more than the {len(RESERVED)} reserved symbols, "
+                            f"not {self.vocab_size!r}")
+        # the model's fields, checked before the data is read
+        shortlist = preset_config(self.preset, self.vocab_size, self.dropout).vocab_size
+        if not isinstance(self.noise_samples, int) or self.noise_samples < 1 or \
+                (self.objective == "nce" and self.noise_samples > shortlist):
+            # k noise words an update, each a row of the output layer: more than the shortlist's words
+            # is no better an estimate, only slower (at a million, minutes an update)
+            raise UserError(f"--noise-samples must be between 1 and the shortlist's {shortlist} words, "
+                            f"not {self.noise_samples}")
 
 
 OBJECTIVES = ("softmax", "nce")
@@ -165,6 +173,7 @@ def noise_distribution(vocab, counts, sentences: int) -> np.ndarray:
 
 class NgramTrainer(Trainer):
     unit = "ngrams"
+    path_fields = ("valid_text",)
 
     def prepare(self) -> Schedule:
         cfg = self.cfg
@@ -193,7 +202,7 @@ class NgramTrainer(Trainer):
         self.noise_q = None
         if cfg.objective == "nce":
             self.noise_q = noise_distribution(self.vocab, info.counts, info.lines - len(info.heldout_lines))
-        return Schedule(cfg.max_epochs * steps_per_epoch, steps_per_epoch, cfg.patience)
+        return Schedule(cfg.max_epochs * steps_per_epoch, steps_per_epoch, cfg.patience, limit="max_epochs")
 
     def big_model(self) -> bool:
         return is_big(self.model_cfg)
@@ -252,15 +261,16 @@ class NgramTrainer(Trainer):
 
 
 def train(corpus: str, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,
-          trace: bool = False) -> dict:
-    """Train (or resume) a CSLM on `corpus` into `model_dir`; returns a summary.
+          trace: bool = False, given: frozenset[str] | None = None, overwrite: bool = False) -> dict:
+    """Train (or resume) a CSLM on `corpus` into `model_dir`; returns a summary. `given`, `overwrite`:
+    what a resumed run may change and whether a model already in `model_dir` is replaced (`Trainer`).
 
     An epoch is `epoch_ngrams` n-grams (default: one pass); held-out perplexity
     is measured after each, training stops after `patience` epochs without
     improvement, `max_epochs` or `max_minutes`. The summary has `ngrams_seen`,
     `train_seconds`, `epochs` and the perplexity history.
     """
-    trainer = NgramTrainer(corpus, model_dir, cfg, resume, progress, trace)
+    trainer = NgramTrainer(corpus, model_dir, cfg, resume, progress, trace, given, overwrite)
     summary = trainer.run()
     summary["epochs"] = summary["steps"] // trainer.schedule.eval_every
     return summary

@@ -1,3 +1,3 @@
 """moses-rnn: RNN Encoder-Decoder phrase scores and a CSLM for Moses (Cho et al., 2014)."""
 
-__version__ = "0.1.0"
+from mtcommon import __version__  # noqa: F401  (one version for the whole distribution)

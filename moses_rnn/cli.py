@@ -7,8 +7,10 @@ import os
 
 import click
 
-from mtcommon.cliutil import LR_SCHEDULE, SEED, THREADS, Number, check_device, fail_cleanly, require_model_dir
+from mtcommon.cliutil import (LR_SCHEDULE, OVERWRITE, SEED, THREADS, Number, check_device, explicit_options,
+                              fail_cleanly, feature_name, require_model_dir)
 from mtcommon.textio import check_paths
+from mtcommon.vocab import RESERVED
 
 from . import __version__
 from .networks import ARCHS
@@ -38,8 +40,10 @@ def main():
 @click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
 @click.option("--arch", default="encdec", show_default=True, type=click.Choice(ARCHS),
               help="RNN Encoder-Decoder (Cho et al., 2014) or RNNsearch with attention (Bahdanau et al., 2015).")
-@click.option("--src-vocab", type=int, help="Source shortlist size [preset's: 15000, tiny 256].")
-@click.option("--tgt-vocab", type=int, help="Target shortlist size [preset's].")
+@click.option("--src-vocab", type=click.IntRange(min=len(RESERVED) + 1),
+              help="Source shortlist size, reserved symbols included [preset's: 15000, tiny 256].")
+@click.option("--tgt-vocab", type=click.IntRange(min=len(RESERVED) + 1),
+              help="Target shortlist size, reserved symbols included [preset's].")
 @click.option("--subwords", type=click.IntRange(min=0), default=0,
               help="Read and predict subword units (sentencepiece BPE), this many per side, instead of word "
                    "shortlists: an open vocabulary, no [UNK]. 0: words.  [default: 0]")
@@ -48,8 +52,9 @@ def main():
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: Cho et al.'s training exactly (64 pairs, Adadelta, full softmax, float32). fast: 128 "
                    "equal-length pairs, Adam, sampled softmax, --dtype auto (see README).")
-@click.option("--max-steps", type=click.IntRange(min=0), default=20000, show_default=True,
-              help="Stop after this many updates.")
+@click.option("--max-steps", type=click.IntRange(min=0),
+              help="Stop after this many updates in all. The budget is what you give: --max-steps, --max-minutes "
+                   "or both (the first reached stops); there is no default limit.")
 @click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time in all (a resumed run gets what is left).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Pairs per update [recipe's: fast 128, paper 64].")
 @click.option("--optimizer", type=click.Choice(["adam", "adadelta"]), help="[recipe's: fast adam, paper adadelta].")
@@ -70,11 +75,15 @@ def main():
 @click.option("--device", default="auto", show_default=True, callback=check_device,
               help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
 @click.option("--threads", type=THREADS, help="CPU threads [tuned while training; 1 for models smaller than `small`].")
-@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt.")
+@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt: on the same TABLE (or --corpus), "
+              "with the options it was started with (only --max-steps, --max-minutes, --device, --threads, --dtype "
+              "may change).")
+@OVERWRITE
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @fail_cleanly
 def train(table, corpus, max_len, model_dir, preset, arch, src_vocab, tgt_vocab, subwords, subword_corpus, recipe, max_steps, max_minutes, batch_size, optimizer,
-          lr, lr_schedule, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume, quiet):
+          lr, lr_schedule, sampled_softmax, bucket, dtype, valid_pairs, eval_every, clip, seed, device, threads, resume,
+          overwrite, quiet):
     """Train on the unique phrase pairs of a Moses phrase table TABLE, or on the sentence pairs of a
     parallel corpus (--corpus SRC TGT).
 
@@ -89,7 +98,8 @@ def train(table, corpus, max_len, model_dir, preset, arch, src_vocab, tgt_vocab,
                       valid_pairs=valid_pairs, eval_every=eval_every, device=device, threads=threads,
                       arch=arch, subwords=subwords, subword_corpus=tuple(subword_corpus) if subword_corpus else None,
                       corpus=tuple(corpus) if corpus else None, max_len=max_len)
-    summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet)
+    summary = run_train(table, model_dir, cfg, resume=resume, progress=not quiet, given=explicit_options(),
+                        overwrite=overwrite)
     if summary["rank"] == 0:
         click.echo(json.dumps(summary, indent=2), err=True)
 
@@ -270,7 +280,8 @@ _generation_options = [
     click.option("-o", "--output", default="-", show_default=True, help="Output file ('-' for stdout)."),
     click.option("--len-ratio", type=Number(min=0), default=2.0, show_default=True,
                  help="Longest target: LEN_RATIO x source words + LEN_EXTRA."),
-    click.option("--len-extra", default=3, show_default=True),
+    click.option("--len-extra", type=click.IntRange(min=0), default=3, show_default=True,
+                 help="Target words allowed beyond LEN_RATIO x source words."),
     click.option("--no-unk", is_flag=True, help="Never generate the unknown-word symbol."),
     click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Source phrases decoded together."),
@@ -400,7 +411,8 @@ def augment(table, model_dir, output, input_file, beam, per_source, few, max_new
 @click.option("--source", required=True, type=click.Path(dir_okay=False, allow_dash=True),
               help="The tokenized source sentences the list translates, one a line (ids count from 0).")
 @click.option("-o", "--output", required=True, help="Rescored n-best list ('-' for stdout).")
-@click.option("--feature", default="RNN0", show_default=True, help="The feature's name in the list.")
+@click.option("--feature", default="RNN0", show_default=True, callback=feature_name,
+              help="The feature's name in the list: letters, digits, '-' and '.', starting with a letter.")
 @click.option("--unknown", is_flag=True, help="Also the count of units outside the model's vocabularies.")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--dtype", default="fp32", show_default=True, type=click.Choice(["fp32", "bf16", "auto"]))

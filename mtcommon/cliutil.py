@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import signal
 import sys
 
@@ -30,9 +31,14 @@ def exit_on_signals() -> None:
         signal.signal(signal.SIGHUP, lambda *_: sys.exit(128 + signal.SIGHUP))
 
 
+#: The exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports a process the signal ended.
+INTERRUPTED = 128 + signal.SIGINT
+
+
 def fail_cleanly(fn):
     """A user error becomes a one-line message (exit 1); SIGTERM and SIGHUP exit through the clean-up
-    (`exit_on_signals`)."""
+    (`exit_on_signals`); Ctrl-C, once the clean-up has run on the way out (the atomic output's temporary
+    removed, workers stopped), is one line and exit status 130, not click's "Aborted!" and 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -44,8 +50,32 @@ def fail_cleanly(fn):
             if isinstance(e, GZIP_ERRORS) and not isinstance(e, InputError):
                 message = f"bad gzip input: {message}"
             raise click.ClickException(message) from None
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted (Ctrl-C)", err=True)
+            sys.exit(INTERRUPTED)
 
     return wrapper
+
+
+def explicit_options(ctx: click.Context | None = None) -> frozenset[str]:
+    """The names of the current command's parameters that the user gave (on the command line or in the
+    environment), not left at their defaults: what a resumed training compares with its checkpoint."""
+    ctx = ctx or click.get_current_context()
+    given = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    return frozenset(name for name in ctx.params if ctx.get_parameter_source(name) in given)
+
+
+def feature_name(ctx, param, value: str | None) -> str | None:
+    """Click callback of every --feature option that names a Moses feature: refuse a name MERT would
+    misread (`mtcommon.features.check_name`, the check the moses.ini editor makes too)."""
+    from .features import check_name
+
+    if value is None:
+        return None
+    try:
+        return check_name(value)
+    except UserError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def check_device(ctx, param, value: str) -> str:
@@ -58,13 +88,22 @@ def check_device(ctx, param, value: str) -> str:
         raise click.BadParameter(str(e)) from None
 
 
-THREADS = click.IntRange(min=1)  # the type of every --threads option: 0 and negative counts are refused
+#: The most CPU threads any --threads option takes: well past any machine's cores (oversubscribing a few
+#: times over can be measured), and far from the counts whose thread stacks alone exhaust memory.
+MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))
+THREADS = click.IntRange(1, MAX_THREADS)  # the type of every --threads option
 SEED = click.IntRange(min=0)  # numpy's generators take no negative seed
 # the --lr-schedule option of both trainers (mtcommon.trainer.lr_factor)
 LR_SCHEDULE = click.option(
     "--lr-schedule", default="constant", show_default=True, type=click.Choice(["constant", "linear", "cosine"]),
     help="constant: the paper's. linear, cosine: decay to 0 at the end of the budget (the step, epoch or "
          "--max-minutes limit the run reaches first).")
+
+# the --overwrite flag of both trainers (mtcommon.trainer.Trainer: a model directory is never replaced unasked)
+OVERWRITE = click.option(
+    "--overwrite", is_flag=True,
+    help="Start afresh in a MODEL_DIR that already holds a model (its weights, config and checkpoint are "
+         "removed first); without it, or --resume, such a folder is refused.")
 
 
 class Number(click.FloatRange):

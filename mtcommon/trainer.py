@@ -16,6 +16,10 @@ written once:
   interrupted one would have seen;
 - held-out perplexity every `eval_every` steps, the best weights kept,
   optional early stopping after `patience` evaluations without improvement;
+- one model directory, one run: a directory that holds a model is continued
+  (`resume`: on the data it trained on, with the options it was started with;
+  options given again that differ from them are refused, naming them) or
+  replaced (`overwrite`), never overwritten unasked;
 - the `max_steps` / `max_minutes` limits, both over the whole training (a
   resumed run gets what an interrupted one left), and the learning-rate
   schedule over them (`lr_factor`: constant, as the papers train, or decaying
@@ -29,8 +33,10 @@ Each hook's contract is in its docstring.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import stat
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -46,7 +52,41 @@ from .runtime import (Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, 
 # Fields of a training config that a resumed run takes from the command line
 # rather than from the checkpoint: they say how long and where to run, not what.
 # `dtype` too, when given as bf16 or fp32; 'auto' keeps the checkpoint's (`Trainer.__init__`).
+# Every other field given again must equal the checkpoint's.
 RUN_CONTROL = ("max_steps", "max_minutes", "max_epochs", "device", "threads", "dtype")
+
+
+def fingerprint(path: str) -> list | None:
+    """[size, sha256] of a regular file's bytes: the same data wherever it lies, whatever its name.
+    None for anything else (a pipe, read once, cannot be read again to compare)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    except OSError:
+        return None  # the run that reads it reports it, in its own words
+    return [os.path.getsize(path), digest.hexdigest()]
+
+
+def _paths(value) -> list[str]:
+    """A config field's file names: one path, a pair (SRC TGT), or none."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _plain(value):
+    """A config value as the command line gives it and as checkpoint.pt gives it back (tuples come back as lists)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _option(name: str, value) -> str:
+    """A config field as the command-line option that sets it: `--batch-size 64`."""
+    shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+    return f"--{name.replace('_', '-')} {shown}"
 
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -81,9 +121,10 @@ def apply_recipe(cfg, recipes: dict[str, dict]) -> None:
 class Schedule:
     """How long the loop runs and how often it evaluates: what `Trainer.prepare` returns."""
 
-    max_steps: int
+    max_steps: int | None  # None: no limit on steps (max_minutes or patience ends the run)
     eval_every: int  # steps between held-out evaluations (each followed by a checkpoint)
     patience: int | None = None  # evaluations without improvement before stopping; None: no early stopping
+    limit: str = "max_steps"  # the option max_steps comes from, what the summary's `stopped` says it reached
 
 
 @dataclass
@@ -133,11 +174,15 @@ class Checkpoint:
     optimizer: dict  # the optimiser's state_dict()
     loop: LoopState
     train_config: dict  # the training config's fields (asdict)
+    # the fingerprints of the files the run reads (`fingerprint`): "data", and each path field of the config
+    # (`Trainer.path_fields`); None in checkpoints written before they were kept
+    inputs: dict | None = None
 
     def save(self, model_dir: str) -> None:
         """Write the file atomically (`modeldir.save_checkpoint`)."""
         modeldir.save_checkpoint(model_dir, {"model": self.model, "optimizer": self.optimizer,
-                                             "loop": asdict(self.loop), "train_config": self.train_config})
+                                             "loop": asdict(self.loop), "train_config": self.train_config,
+                                             "inputs": self.inputs})
 
     @classmethod
     def load(cls, model_dir: str) -> "Checkpoint":
@@ -148,6 +193,8 @@ class Checkpoint:
             for name in ("model", "optimizer", "train_config"):
                 if not isinstance(getattr(checkpoint, name), dict):
                     raise UserError(f"`{name}` is not a dict")
+            if checkpoint.inputs is not None and not isinstance(checkpoint.inputs, dict):
+                raise UserError("`inputs` is not a dict")
             checkpoint.loop = LoopState.from_dict(checkpoint.loop)
         except UserError as e:
             raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
@@ -166,13 +213,28 @@ class Trainer(ABC):
     """
 
     unit: str = "examples"
+    # config fields that name the training data (checked as the data is: `data_paths`), and those that name
+    # other files the run reads (compared with the checkpoint's by their bytes, not their names)
+    data_fields: tuple[str, ...] = ()
+    path_fields: tuple[str, ...] = ()
 
     def __init__(self, data: str, model_dir: str, cfg, resume: bool = False, progress: bool = True,
-                 trace: bool = False):
-        """`data`: the training data's path (a phrase table, a text corpus); `trace`: keep every step's loss."""
+                 trace: bool = False, given: frozenset[str] | set[str] | None = None, overwrite: bool = False):
+        """`data`: the training data's path (a phrase table, a text corpus); `trace`: keep every step's loss.
+
+        `given`: the config fields the caller set explicitly (a command line's options: `cliutil.explicit_options`).
+        On resume, the run goes on with the checkpoint's config: the run-control fields among `given` replace
+        the checkpoint's, and any other field of `given` that differs from the checkpoint's is refused in one
+        line naming it. None: every run-control field is taken from `cfg`, and no other is compared. Either
+        way the data must be the data the run trained on. Without `resume`, a `model_dir` that holds a model
+        is refused unless `overwrite`, which removes it first."""
         self.data, self.model_dir, self.progress, self.trace = data, model_dir, progress, trace
         self.dist = Distributed.from_env()
         self.checkpoint: Checkpoint | None = None
+        if resume and overwrite:
+            raise UserError("give one of --resume (continue the run in the model directory) and --overwrite "
+                            "(start afresh)")
+        inputs = self._inputs(cfg)
         if resume:
             self.checkpoint = Checkpoint.load(model_dir)
             try:
@@ -180,9 +242,12 @@ class Trainer(ABC):
             except ValueError as e:  # unknown fields, an unknown recipe
                 raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
                                           f"its train_config does not fit this version ({e})") from None
+            self._check_resume(cfg, saved, inputs, given)
+            if self.checkpoint.inputs is not None:
+                inputs = self.checkpoint.inputs
             kept = getattr(saved, "dtype", None)  # the dtype the run chose (stored resolved: bf16 or fp32)
             for name in RUN_CONTROL:
-                if hasattr(cfg, name):
+                if hasattr(cfg, name) and (given is None or name in given):
                     setattr(saved, name, getattr(cfg, name))
             if getattr(cfg, "dtype", None) == "auto" and kept is not None:
                 # not probed again: the probe might choose the other dtype, and the run would not go on
@@ -190,7 +255,15 @@ class Trainer(ABC):
                 # holds 'auto', and is probed again)
                 saved.dtype = kept
             cfg = saved
+        else:
+            held = [name for name in (modeldir.CHECKPOINT, modeldir.CONFIG, modeldir.WEIGHTS)
+                    if os.path.exists(os.path.join(model_dir, name))]
+            if held and not overwrite:
+                raise UserError(f"{model_dir} already holds a model ({held[0]}): give --resume to continue its "
+                                f"training, or --overwrite to start afresh")
+        self.check_config(cfg)
         self.cfg = cfg
+        self.inputs = inputs
         self.resumed = resume
         self.device = self.dist.start(resolve_device(cfg.device))
         try:  # a dtype this device cannot do stops the run here, before the data is read
@@ -202,6 +275,63 @@ class Trainer(ABC):
             raise
         if self.dist.is_main:
             os.makedirs(model_dir, exist_ok=True)
+            if overwrite:  # the checkpoint first: a run stopped here leaves nothing to resume by mistake
+                for name in (modeldir.CHECKPOINT, modeldir.CONFIG, modeldir.WEIGHTS):
+                    try:
+                        os.remove(os.path.join(model_dir, name))
+                    except FileNotFoundError:
+                        pass
+
+    def data_paths(self, cfg) -> list[str]:
+        """The files of the training data the run with config `cfg` reads: `data` unless a subclass says
+        otherwise (the data named by a field of `data_fields`)."""
+        return [self.data]
+
+    def check_config(self, cfg) -> None:
+        """Refuse (UserError) a config that cannot run, once the checkpoint's fields are merged in on
+        resume, before anything is read or written."""
+
+    def _inputs(self, cfg) -> dict:
+        """The fingerprints of the files the run with config `cfg` reads (`Checkpoint.inputs`)."""
+        inputs = {"data": [fingerprint(p) for p in self.data_paths(cfg)]}
+        for name in self.path_fields:
+            if getattr(cfg, name, None) is not None:
+                inputs[name] = [fingerprint(p) for p in _paths(getattr(cfg, name))]
+        return inputs
+
+    def _check_resume(self, cfg, saved, inputs: dict, given) -> None:
+        """Refuse, in one line naming them, data and options given for a resumed run that are not its own."""
+        where = os.path.join(self.model_dir, modeldir.CHECKPOINT)
+        stored = self.checkpoint.inputs or {}
+
+        def same_files(name: str, now: list) -> bool:
+            """Whether the files a field names now are those the run read: by their bytes where both
+            fingerprints are known; else, for an option, by its names, and the data passes (a pipe, or a
+            checkpoint that kept no fingerprints, cannot tell)."""
+            before = stored.get(name)
+            if before is not None and len(before) != len(now):
+                return False
+            if before is None or None in before or None in now:
+                return name == "data" or _plain(getattr(cfg, name)) == _plain(getattr(saved, name))
+            return before == now
+
+        if not same_files("data", inputs["data"]):
+            raise UserError(f"{' '.join(self.data_paths(cfg))} is not the data the run in {self.model_dir} trained "
+                            f"on: resume it on its own data, or give --overwrite to start afresh on this")
+        conflicts = []
+        for name in sorted(given or ()):
+            if name in RUN_CONTROL or name in self.data_fields or not hasattr(saved, name):
+                continue
+            if name in self.path_fields and getattr(cfg, name) is not None and getattr(saved, name) is not None:
+                same = same_files(name, inputs.get(name, []))
+            else:
+                same = _plain(getattr(cfg, name)) == _plain(getattr(saved, name))
+            if not same:
+                conflicts.append(f"{_option(name, getattr(cfg, name))} (the run's: {_plain(getattr(saved, name))})")
+        if conflicts:
+            raise UserError(f"{where}: {'; '.join(conflicts)}: a resumed run keeps the options it was started "
+                            f"with; leave {'them' if len(conflicts) > 1 else 'it'} out, or give --overwrite to "
+                            f"start afresh")
 
     # ---- hooks ------------------------------------------------------------
 
@@ -340,7 +470,8 @@ class Trainer(ABC):
             else:
                 loop.since_best += 1
             if dist.is_main:
-                Checkpoint(model.state_dict(), optimizer.state_dict(), loop, asdict(self.cfg)).save(self.model_dir)
+                Checkpoint(model.state_dict(), optimizer.state_dict(), loop, asdict(self.cfg),
+                           self.inputs).save(self.model_dir)
 
         start = time.perf_counter()
         run_start_step, run_start_seconds, run_start_seen = loop.step, loop.train_seconds, loop.examples_seen
@@ -351,9 +482,9 @@ class Trainer(ABC):
         watch = Stopwatch(loop.train_seconds)
         bar = tqdm(total=schedule.max_steps, initial=loop.step, unit="step", dynamic_ncols=True,
                    disable=not (self.progress and dist.is_main))
-        ppl, loss_ema, evaluated_at, stopped = math.nan, None, None, "max_steps"
+        ppl, loss_ema, evaluated_at, stopped = math.nan, None, None, schedule.limit
         trace: list[float] = []
-        while loop.step < schedule.max_steps:
+        while schedule.max_steps is None or loop.step < schedule.max_steps:
             if schedule.patience is not None and loop.since_best >= schedule.patience:
                 stopped = "patience"
                 break
@@ -367,7 +498,8 @@ class Trainer(ABC):
                 stopped = "max_minutes"
                 break
             if lr_schedule != "constant":  # the budget is whichever limit the run reaches first
-                factor = lr_factor(lr_schedule, max(loop.step / schedule.max_steps, spent))
+                done = loop.step / schedule.max_steps if schedule.max_steps else 0.0
+                factor = lr_factor(lr_schedule, max(done, spent))
                 for group in optimizer.param_groups:
                     group["lr"] = group["initial_lr"] * factor
             step = loop.step

@@ -27,6 +27,7 @@ from .errors import UserError
 UNK = "[UNK]"
 EOS = "</s>"
 BOS = "<s>"
+RESERVED = (EOS, UNK)  # a phrase model's shortlist's reserved symbols, ids 0 and 1 (the CSLM adds BOS)
 
 
 class Vocabulary:
@@ -44,7 +45,7 @@ class Vocabulary:
 
     # -- construction -------------------------------------------------------
     @classmethod
-    def build(cls, counts: Counter, size: int, reserved: Sequence[str] = (EOS, UNK)) -> "Vocabulary":
+    def build(cls, counts: Counter, size: int, reserved: Sequence[str] = RESERVED) -> "Vocabulary":
         """Shortlist of the `size` most frequent words, reserved symbols included in `size`."""
         if size <= len(reserved):
             raise UserError(f"vocabulary size {size} leaves no room beside {len(reserved)} reserved symbols")

@@ -148,7 +148,7 @@ def test_nce_keeps_words_the_noise_seldom_draws_normalised(corpus, tmp_path):
 @pytest.mark.parametrize("kwargs,message", [
     (dict(objective="nce", self_norm=0.1), "NCE self-normalises by itself"),
     (dict(objective="hinge"), "objective must be one of softmax, nce, not 'hinge'"),
-    (dict(objective="nce", noise_samples=0), "noise_samples must be at least 1, not 0"),
+    (dict(objective="nce", noise_samples=0), "--noise-samples must be between 1 and the shortlist's 10000 words, not 0"),
 ])
 def test_nce_options_are_checked(kwargs, message):
     from mtcommon.errors import UserError

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from cslm.cli import main as cslm_main
 from moses_rnn.cli import main as rnn_main
+from mtcommon.cliutil import MAX_THREADS
 from mtcommon.modeldir import CHECKPOINT, CONFIG, WEIGHTS
 
 TOOLS = {"moses-rnn": rnn_main, "cslm": cslm_main}
@@ -383,7 +384,8 @@ def option_commands(tiny_model, tiny_cslm, table, text, out) -> list[tuple[str, 
     ]
 
 
-BAD_OPTIONS = [("--threads", "0", "0 is not in the range x>=1."), ("--threads", "-1", "-1 is not in the range x>=1."),
+BAD_OPTIONS = [("--threads", "0", f"0 is not in the range 1<=x<={MAX_THREADS}."),
+               ("--threads", "-1", f"-1 is not in the range 1<=x<={MAX_THREADS}."),
                ("--device", "tpu", "'tpu' is not a device: choose auto, cpu, cuda or cuda:N")]
 
 

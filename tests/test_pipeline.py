@@ -1142,14 +1142,14 @@ def test_interrupted_training_resumes_from_its_checkpoint(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     rnn, cslm = (tmp_path / "fake-train.args").read_text().splitlines()
     assert rnn.startswith("train ") and "phrase-table.gz" in rnn and rnn.endswith("--resume --quiet")
-    assert "train.fr" in cslm and "--resume" not in cslm
+    assert "train.fr" in cslm and "--resume" not in cslm and "--overwrite" in cslm
     # a finished model whose phrase table changed is trained afresh, not continued
     os.utime(work / "rnn" / "model" / ".done", (1, 1))
     made = [str(work / "align" / "aligned.grow-diag-final-and"), str(work / "lm" / "lm.fr.blm")]
     r = _make("-o", made[0], "-o", made[1], targets[0], MOSES_RNN=str(fake), WORK=str(work), MOSES=str(moses))
     assert r.returncode == 0, r.stdout + r.stderr
     again = (tmp_path / "fake-train.args").read_text().splitlines()[-1]
-    assert again.startswith("train ") and "--resume" not in again
+    assert again.startswith("train ") and "--resume" not in again and "--overwrite" in again
 
 
 def test_systems_start_from_the_documented_weights(tmp_path):

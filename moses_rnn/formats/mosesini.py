@@ -21,6 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from mtcommon import features
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError, iter_lines
 
@@ -36,7 +37,6 @@ PHRASE_TABLE_TYPES = (
     "ProbingPT",
 )
 
-NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9.\-]*$")
 SECTION_RE = re.compile(r"^\s*\[([^\]]+)\]\s*$")
 
 # Feature types whose default number of scores Moses knows without num-features=.
@@ -52,11 +52,11 @@ class IniError(UserError):
 
 
 def check_name(name: str) -> str:
-    """Return `name` if MERT accepts it as a feature name, else raise IniError."""
-    if not NAME_RE.match(name):
-        raise IniError(f"feature name {name!r} is not usable by MERT: use letters, digits, '-' or '.', "
-                       "starting with a letter (no '_', no spaces)")
-    return name
+    """Return `name` if MERT accepts it as a feature name (`mtcommon.features`), else raise IniError."""
+    try:
+        return features.check_name(name)
+    except UserError as e:
+        raise IniError(str(e)) from None
 
 
 @dataclass

@@ -22,7 +22,7 @@ from mtcommon.runtime import is_big
 from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
 from mtcommon.subword import SubwordVocabulary
 from mtcommon.textio import iter_lines
-from mtcommon.vocab import EOS, Vocabulary
+from mtcommon.vocab import EOS, RESERVED, Vocabulary
 
 from ..formats.phrasetable import read_phrase_table
 from ..networks import modelio
@@ -53,7 +53,7 @@ class TrainConfig:
     dtype: str | None = None  # "auto" (the faster where both run, runtime.probe_dtype), "bf16" or "fp32"
     rho: float = 0.95  # Adadelta (Appendix A.2)
     eps: float = 1e-6
-    max_steps: int = 20000
+    max_steps: int | None = None  # the budget: max_steps, max_minutes or both, no default (`PairTrainer.check_config`)
     max_minutes: float | None = None
     seed: int = 1
     valid_pairs: int = 1000
@@ -80,6 +80,14 @@ class TrainConfig:
             raise UserError("--max-len is for sentence pairs (--corpus)")
         if not isinstance(self.max_len, int) or self.max_len < 0:
             raise UserError(f"--max-len must be a whole number of words, not {self.max_len!r}")
+        for side in ("src_vocab", "tgt_vocab"):
+            check_vocab_size(f"--{side.replace('_', '-')}", getattr(self, side), RESERVED)
+
+
+def check_vocab_size(option: str, size: int | None, reserved) -> None:
+    """A shortlist size given (None: the preset's) must leave room for a word beside the reserved symbols."""
+    if size is not None and (not isinstance(size, int) or size <= len(reserved)):
+        raise UserError(f"{option} must be more than the {len(reserved)} reserved symbols, not {size!r}")
 
 
 class PairCorpus:
@@ -302,6 +310,15 @@ class PairObjective(torch.nn.Module):
 
 class PairTrainer(Trainer):
     unit = "pairs"
+    data_fields = ("corpus",)
+    path_fields = ("subword_corpus",)
+
+    def data_paths(self, cfg) -> list[str]:
+        return list(cfg.corpus) if cfg.corpus else [self.data]
+
+    def check_config(self, cfg) -> None:
+        if cfg.max_steps is None and cfg.max_minutes is None:
+            raise UserError("no training budget: give --max-steps, --max-minutes or both (there is no default)")
 
     def prepare(self) -> Schedule:
         cfg = self.cfg
@@ -320,7 +337,8 @@ class PairTrainer(Trainer):
                     self.data, cfg.subwords, cfg.subword_corpus or cfg.corpus, pairs)
             else:
                 self.src_vocab, self.tgt_vocab = build_vocabularies(
-                    self.data, cfg.src_vocab or vocab, cfg.tgt_vocab or vocab, pairs)
+                    self.data, vocab if cfg.src_vocab is None else cfg.src_vocab,
+                    vocab if cfg.tgt_vocab is None else cfg.tgt_vocab, pairs)
             if self.dist.is_main:
                 modelio.save_vocabularies(self.model_dir, self.src_vocab, self.tgt_vocab)
             self.model_cfg = replace(preset_config(cfg.preset, len(self.src_vocab), len(self.tgt_vocab), cfg.arch),
@@ -389,9 +407,10 @@ class PairTrainer(Trainer):
 
 
 def train(table: str | None, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,
-          trace: bool = False) -> dict:
+          trace: bool = False, given: frozenset[str] | None = None, overwrite: bool = False) -> dict:
     """Train (or resume) a model on the unique phrase pairs of `table`, or on the sentence pairs of
-    `cfg.corpus` (then `table` is None), into `model_dir`; returns a summary.
+    `cfg.corpus` (then `table` is None), into `model_dir`; returns a summary. `given`, `overwrite`:
+    what a resumed run may change and whether a model already in `model_dir` is replaced (`Trainer`).
 
     The summary has `pairs_seen` and `train_seconds` (time spent in training
     steps), held-out perplexities with their step and training time
@@ -399,4 +418,4 @@ def train(table: str | None, model_dir: str, cfg: TrainConfig, resume: bool = Fa
     """
     if (table is None) == (cfg.corpus is None):
         raise UserError("train on a phrase table or on a corpus (--corpus SRC TGT), not both or neither")
-    return PairTrainer(table or cfg.corpus[0], model_dir, cfg, resume, progress, trace).run()
+    return PairTrainer(table or cfg.corpus[0], model_dir, cfg, resume, progress, trace, given, overwrite).run()
