@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py -o DIR                  # on the GPU (CUDA device 0)
     python benchmarks/gpu_check.py -o DIR --dry-run        # the same checks on CPU, tiny sizes (a minute or two)
     python benchmarks/gpu_check.py -o DIR --moses MOSESDIR # also the socket decode ratio
+    python benchmarks/gpu_check.py -o DIR --only cslm_server  # one check and those it uses (a rerun)
 
 Writes DIR/gpu_check.json and DIR/gpu_check.md: the device, the date and, per
 check, its figures, the targets of issue 44, pass or fail and the wall time.
@@ -122,7 +123,7 @@ DRY = Sizes(
     translate_lines=20, nbest_lines=10,
     cslm_preset="tiny", cslm_lines=400,
     cslm_args=["--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
-    server_args=["--ngrams", "2000", "--clients", "1", "4", "--latency-requests", "10", "--request", "64"],
+    server_args=["--ngrams", "4000", "--clients", "1", "4", "--latency-requests", "10"],
     decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
 )
 
@@ -130,6 +131,23 @@ DRY = Sizes(
 TIMEOUTS = {"matmul": 30, "train_paper": 120, "score_fp32": 90, "score_bf16": 90, "score_sharded": 90,
             "train_sent": 80, "translate": 40, "rescore_nbest": 60, "cslm_train": 80, "cslm_server": 60,
             "cslm_decode": 300}
+
+
+# what each check uses of an earlier one: the matmul rates, the models trained, the fp32 output
+NEEDS = {"train_paper": ["matmul"], "score_fp32": ["train_paper"], "score_bf16": ["score_fp32"],
+         "score_sharded": ["score_fp32"], "translate": ["train_sent"], "rescore_nbest": ["train_sent"],
+         "cslm_train": ["matmul"], "cslm_server": ["cslm_train"], "cslm_decode": ["cslm_train"]}
+
+
+def with_needs(names: list[str]) -> set[str]:
+    """The checks `names` and, transitively, those they use (NEEDS)."""
+    out, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            todo += NEEDS.get(name, [])
+    return out
 
 
 @dataclass
@@ -328,23 +346,30 @@ class GpuCheck:
         self.results.append(r)
         return r
 
-    def run(self) -> dict:
-        self.run_check("matmul", self.matmul, [])
-        self.run_check("train_paper", self.train_paper,
-                       [Target("fraction_of_bf16_matmul", ">=", 0.4, gpu_only=True)])
-        self.run_check("score_fp32", lambda c: self.score(c, "fp32"),
-                       [Target("pairs_per_s", ">=", 2e6, gpu_only=True)])
-        self.run_check("score_bf16", lambda c: self.score(c, "bf16"),
-                       [Target("pairs_per_s", ">=", 2e6, gpu_only=True), Target("mean_abs_delta_logp", "<=", 0.02)])
-        self.run_check("score_sharded", self.score_sharded, [Target("identical_to_one_process", "==", True)])
-        self.run_check("train_sent", self.train_sent, [])
-        self.run_check("translate", self.translate, [])
-        self.run_check("rescore_nbest", self.rescore_nbest, [])
-        self.run_check("cslm_train", self.cslm_train, [])
-        self.run_check("cslm_server", self.cslm_server,
-                       [Target("server_1_client_vs_engine", ">=", 0.8), Target("server_many_clients_vs_engine", ">=", 0.8)])
-        self.run_check("cslm_decode", self.cslm_decode,
-                       [Target("best_ratio_to_baseline", "<=", 5.0 if self.dry_run else 3.0)])
+    def plan(self) -> list[tuple[str, object, list[Target]]]:
+        """Every check in its order: name, the method that runs it, its targets."""
+        return [
+            ("matmul", self.matmul, []),
+            ("train_paper", self.train_paper, [Target("fraction_of_bf16_matmul", ">=", 0.4, gpu_only=True)]),
+            ("score_fp32", lambda c: self.score(c, "fp32"), [Target("pairs_per_s", ">=", 2e6, gpu_only=True)]),
+            ("score_bf16", lambda c: self.score(c, "bf16"),
+             [Target("pairs_per_s", ">=", 2e6, gpu_only=True), Target("mean_abs_delta_logp", "<=", 0.02)]),
+            ("score_sharded", self.score_sharded, [Target("identical_to_one_process", "==", True)]),
+            ("train_sent", self.train_sent, []),
+            ("translate", self.translate, []),
+            ("rescore_nbest", self.rescore_nbest, []),
+            ("cslm_train", self.cslm_train, []),
+            ("cslm_server", self.cslm_server, [Target("server_1_client_vs_engine", ">=", 0.8),
+                                               Target("server_many_clients_vs_engine", ">=", 0.8)]),
+            ("cslm_decode", self.cslm_decode, [Target("best_ratio_to_baseline", "<=", 5.0 if self.dry_run else 3.0)]),
+        ]
+
+    def run(self, only: list[str] | None = None) -> dict:
+        """Run every check, or those named in `only` and the ones they use (`with_needs`)."""
+        wanted = with_needs(only) if only else None
+        for name, fn, targets in self.plan():
+            if wanted is None or name in wanted:
+                self.run_check(name, fn, targets)
         return self.report()
 
     # checks -----------------------------------------------------------------------------------------
@@ -584,6 +609,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole run [%(default)s]")
     ap.add_argument("--moses", default=os.environ.get("MOSES"),
                     help="a mosesdecoder with the CSLM feature, for the decode ratio [$MOSES]")
+    ap.add_argument("--only", action="append", choices=list(TIMEOUTS), metavar="CHECK",
+                    help="run this check and those it uses (repeatable; to rerun a failed one) [all]")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (models, slices, outputs)")
     a = ap.parse_args(argv)
     out = Path(a.output_dir)
@@ -591,7 +618,7 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="gpu-check-", dir=out if a.keep else None)
     try:
         check = GpuCheck(out, a.dry_run, a.budget, a.moses, work)
-        report = check.run()
+        report = check.run(a.only)
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)

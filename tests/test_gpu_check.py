@@ -108,3 +108,13 @@ def test_gpu_only_targets_are_not_held_against_a_cpu_run(check):
                          gpu_check.Target("mean_abs_delta_logp", "<=", 0.02)])
     assert r.passed is False
     assert "mean_abs_delta_logp <= 0.02" in gpu_check.markdown(check.report())
+
+
+def test_only_runs_a_check_with_those_it_uses(check):
+    order = [name for name, _, _ in check.plan()]
+    assert order == CHECKS == list(gpu_check.TIMEOUTS)
+    for name, needs in gpu_check.NEEDS.items():  # what a check uses has run before it
+        assert all(order.index(n) < order.index(name) for n in needs), name
+    assert gpu_check.with_needs(["cslm_server"]) == {"cslm_server", "cslm_train", "matmul"}
+    assert gpu_check.with_needs(["score_bf16", "translate"]) == {
+        "score_bf16", "score_fp32", "train_paper", "matmul", "translate", "train_sent"}
