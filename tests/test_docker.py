@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from cslm.cli import main as cslm_main
 from test_cslm import cslm_corpus, cslm_model  # noqa: F401 (shared session fixtures)
 from test_cslm_server import start_server_process
+
+from cslm.cli import main as cslm_main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -102,7 +102,7 @@ def test_entrypoint_and_command_are_a_cslm_serve_that_parses(tmp_path):
     entry, cmd = exec_form("ENTRYPOINT"), exec_form("CMD")
     assert entry == ["cslm", "serve"]
     scripts = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert re.search(r'^cslm = "cslm\.cli:main"$', scripts, re.M), "the image's `cslm` is the project's script"
+    assert re.search(r'^cslm = "cslm\.cli:main"$', scripts, re.MULTILINE), "the image's `cslm` is the project's script"
     model_dir, options = cmd[0], cmd[1:]
     assert json.loads(instruction("VOLUME")[-1]) == [model_dir]
     # the command's options as `cslm serve` parses them: with an empty model folder the error is the model's
@@ -126,9 +126,9 @@ def test_entrypoint_and_command_are_a_cslm_serve_that_parses(tmp_path):
 
 def test_compose_runs_the_image_command():
     compose = (DOCKER / "compose.yaml").read_text(encoding="utf-8")
-    m = re.search(r"^\s+command:\s*(\[.*\])\s*$", compose, re.M)
+    m = re.search(r"^\s+command:\s*(\[.*\])\s*$", compose, re.MULTILINE)
     assert m and json.loads(m.group(1)) == exec_form("CMD")
-    assert re.search(r"dockerfile:\s*docker/Dockerfile\s*$", compose, re.M)
+    assert re.search(r"dockerfile:\s*docker/Dockerfile\s*$", compose, re.MULTILINE)
 
 
 def test_every_copied_path_exists_and_passes_the_dockerignore():
