@@ -453,7 +453,8 @@ class GpuCheck:
         out = os.path.join(self.work, "scored-sharded.gz")
         program = tool("moses-rnn")
         program = program if len(program) == 1 else ["-m", program[-1]]  # torchrun runs a script, or -m a module
-        p = c.run([*tool("torchrun"), "--standalone", "--nproc-per-node", str(procs), *program, "score", table, "-m", model, "-o", out, "--device", self.device, "--dtype", "fp32", "--quiet"])
+        p = c.run([*tool("torchrun"), "--standalone", "--nproc-per-node", str(procs), *program, "score", table,
+                   "-m", model, "-o", out, "--device", self.device, "--dtype", "fp32", "--quiet"])
         with open(out, "rb") as f, open(self.state["scored_fp32"], "rb") as g:
             same = f.read() == g.read()
         return {"processes": procs, "identical_to_one_process": same,
@@ -474,8 +475,9 @@ class GpuCheck:
         if "sent_model" not in self.state:
             raise Skip("no sentence model (train_sent failed)")
         source = self.dev_source(self.sizes.translate_lines)
-        p = c.run([*tool("moses-rnn"), "translate", "-m", self.state["sent_model"], "-i", source, "-o",
-                   os.path.join(self.work, "dev.trans"), "--beam", "5", "--device", self.device])  # its rate: not --quiet
+        output = os.path.join(self.work, "dev.trans")
+        p = c.run([*tool("moses-rnn"), "translate", "-m", self.state["sent_model"], "-i", source, "-o", output,
+                   "--beam", "5", "--device", self.device])  # no --quiet: the rate is in its last line
         return {"sentences": self.sizes.translate_lines,
                 "sentences_per_s": parse_rate(r"translated, ([\d.]+)/s\)", p.stderr, "its sentences/s")}
 
@@ -590,7 +592,9 @@ def markdown(report: dict) -> str:
               f"{report['total_seconds']:.0f} s of a {report['budget_seconds']} s budget."), "",
              "| check | status | wall s | figures | targets | pass |", "|---|---|---:|---|---|---|"]
     for c in report["checks"]:
-        figs = "; ".join(f"{k} {v if isinstance(v, bool) else _fmt(v)}" for k, v in c["figures"].items()) if c["status"] == "ok" else c["error"]
+        figs = c["error"]
+        if c["status"] == "ok":
+            figs = "; ".join(f"{k} {v if isinstance(v, bool) else _fmt(v)}" for k, v in c["figures"].items())
         targets = "; ".join(Target(**t).text() for t in c["targets"]) or "-"
         verdict = {True: "pass", False: "**FAIL**", None: "-"}[c["passed"]]
         lines.append(f"| {c['name']} | {c['status']} | {c['seconds']:.0f} | {figs.replace('|', '/')} | "

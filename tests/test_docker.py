@@ -102,7 +102,7 @@ def test_entrypoint_and_command_are_a_cslm_serve_that_parses(tmp_path):
     entry, cmd = exec_form("ENTRYPOINT"), exec_form("CMD")
     assert entry == ["cslm", "serve"]
     scripts = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert re.search(r'^cslm = "cslm\.cli:main"$', scripts, re.MULTILINE), "the image's `cslm` is the project's script"
+    assert re.search(r'^cslm = "cslm\.cli:main"$', scripts, re.MULTILINE), "the image's `cslm` is not the project's"
     model_dir, options = cmd[0], cmd[1:]
     assert json.loads(instruction("VOLUME")[-1]) == [model_dir]
     # the command's options as `cslm serve` parses them: with an empty model folder the error is the model's

@@ -80,7 +80,8 @@ def test_a_failing_check_is_recorded_and_the_run_goes_on(check):
 
 def test_a_check_past_its_time_is_killed_with_its_children(check, tmp_path):
     pid_file = tmp_path / "child.pid"
-    code = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+    code = ("import subprocess, sys, time; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
     t = time.monotonic()
     r = check.run_check("matmul", lambda c: c.run([sys.executable, "-c", code], timeout=3), [])
