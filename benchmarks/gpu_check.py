@@ -4,6 +4,8 @@
     python benchmarks/gpu_check.py -o DIR --dry-run        # the same checks on CPU, tiny sizes (a minute or two)
     python benchmarks/gpu_check.py -o DIR --moses MOSESDIR # also the socket decode ratio
     python benchmarks/gpu_check.py -o DIR --only cslm_server  # one check and those it uses (a rerun)
+    python benchmarks/gpu_check.py --pack-data gpu-data    # the data a GPU run reads, to carry there
+    python benchmarks/gpu_check.py -o DIR --data gpu-data  # ... and read there
 
 Writes DIR/gpu_check.json and DIR/gpu_check.md: the device, the date and, per
 check, its figures, the targets of issue 44, pass or fail and the wall time.
@@ -71,12 +73,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import REAL_TABLE, SHARED, gemm_rate, table_slice  # noqa: E402
+from common import SHARED, gemm_rate, table_slice  # noqa: E402
 from run_all import _fmt, classify_failure, last_json_object  # noqa: E402
 
 ROOT = HERE.parent
 EXAMPLE_TABLE = ROOT / "moses_rnn" / "data" / "example.en-fr.phrase-table"
-CORPUS = SHARED / "en-fr-moses"
+DATA = SHARED / "en-fr-moses"
+DATA_FILES = ("phrase-table.gz", "train.tok.en", "train.tok.fr", "dev.tok.en")  # what the checks read of --data
 BUDGET_S = 480
 
 
@@ -109,7 +112,7 @@ GPU = Sizes(
     sent_args=["--subwords", "8000", "--max-len", "50", "--max-steps", "1000000", "--eval-every", "500",
                "--max-minutes", "0.4", "--valid-pairs", "200"],
     translate_lines=300, nbest_lines=300,
-    cslm_preset="paper", cslm_lines=121_953,
+    cslm_preset="paper", cslm_lines=60_000,
     cslm_args=["--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
     decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
@@ -164,7 +167,8 @@ class Target:
         return {">=": v >= self.value, "<=": v <= self.value, "==": v == self.value}[self.op]
 
     def text(self) -> str:
-        return f"{self.figure} {self.op} {self.value}" + (" (GPU)" if self.gpu_only else "")
+        value = self.value if isinstance(self.value, bool) else _fmt(self.value)
+        return f"{self.figure} {self.op} {value}" + (" (GPU)" if self.gpu_only else "")
 
 
 @dataclass
@@ -257,6 +261,23 @@ def parse_rate(pattern: str, text: str, what: str) -> float:
     return float(m.group(1))
 
 
+def head(src: str | Path, dst: str | Path, lines: int) -> None:
+    """The first `lines` lines of text file `src` into `dst` (kept when it exists)."""
+    if not os.path.exists(dst):
+        with open(src, "rb") as f, open(dst, "wb") as g:
+            g.writelines(line for _, line in zip(range(lines), f))
+
+
+def pack_data(data: Path, out: Path) -> None:
+    """What a GPU run reads of `data`, cut to its sizes, into `out`: small enough to travel with the
+    repository to a machine that has no ../shared."""
+    out.mkdir(parents=True, exist_ok=True)
+    table_slice(max(GPU.score_lines, GPU.train_lines), str(out), "phrase-table.gz", data / "phrase-table.gz")
+    for side in ("en", "fr"):
+        head(data / f"train.tok.{side}", out / f"train.tok.{side}", max(GPU.sent_lines, GPU.cslm_lines))
+    head(data / "dev.tok.en", out / "dev.tok.en", max(GPU.translate_lines, GPU.nbest_lines))
+
+
 def appended_column(path: str) -> list[float]:
     """log p of every line of a scored table: the ln of the last value of its scores field."""
     out = []
@@ -267,12 +288,16 @@ def appended_column(path: str) -> list[float]:
 
 
 class GpuCheck:
-    def __init__(self, out_dir: Path, dry_run: bool, budget: float, moses: str | None, work: str):
+    def __init__(self, out_dir: Path, dry_run: bool, budget: float, moses: str | None, work: str,
+                 data: Path = DATA):
         import torch
 
         self.torch = torch
         self.out_dir, self.dry_run, self.moses, self.work = out_dir, dry_run, moses, work
         self.sizes = DRY if dry_run else GPU
+        self.data = data if all((data / f).exists() for f in DATA_FILES) else None
+        if not dry_run and self.data is None:
+            raise SystemExit(f"gpu_check: {data} lacks one of {', '.join(DATA_FILES)} (--data; --pack-data makes them)")
         if not dry_run and not torch.cuda.is_available():
             raise SystemExit("gpu_check: torch sees no CUDA device (--dry-run runs the checks on CPU)")
         self.device = "cpu" if dry_run else "cuda"
@@ -283,27 +308,24 @@ class GpuCheck:
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         if dry_run:  # tiny models: one thread each, as the tests run them
             self.env.update(OMP_NUM_THREADS="1")
-        self.shared = REAL_TABLE.exists() and (CORPUS / "train.tok.en").exists()
         self.results: list[Result] = []
         self.state: dict = {}  # what a check leaves for later ones: models, slices, rates
 
     # data -------------------------------------------------------------------------------------------
     def table(self, lines: int) -> str:
-        """A gzipped slice of the shared table, or of the shipped example table without ../shared."""
-        if self.shared:
-            return table_slice(lines, self.work)
+        """A gzipped slice of the data's table, or of the shipped example table without data."""
+        if self.data:
+            return table_slice(lines, self.work, table=self.data / "phrase-table.gz")
         return table_slice(lines, self.work, "example.gz", EXAMPLE_TABLE)
 
     def corpus(self, lines: int) -> tuple[str, str]:
-        """Tokenized sentence pairs: the shared training corpus's first `lines`, or without ../shared the
+        """Tokenized sentence pairs: the data's training corpus's first `lines`, or without data the
         example table's phrase pairs as a tiny corpus."""
         src, tgt = os.path.join(self.work, f"corpus{lines}.en"), os.path.join(self.work, f"corpus{lines}.fr")
         if not os.path.exists(tgt):
-            if self.shared:
-                for side, path in (("en", src), ("fr", tgt)):
-                    with open(CORPUS / f"train.tok.{side}", encoding="utf-8") as f, \
-                            open(path, "w", encoding="utf-8") as g:
-                        g.writelines(line for _, line in zip(range(lines), f))
+            if self.data:
+                head(self.data / "train.tok.en", src, lines)
+                head(self.data / "train.tok.fr", tgt, lines)
             else:
                 with open(EXAMPLE_TABLE, encoding="utf-8") as f:
                     pairs = [line.split(" ||| ")[:2] for line in f][:lines]
@@ -314,10 +336,7 @@ class GpuCheck:
 
     def dev_source(self, lines: int) -> str:
         path = os.path.join(self.work, f"dev{lines}.en")
-        if not os.path.exists(path):
-            source = CORPUS / "dev.tok.en" if self.shared else Path(self.corpus(self.sizes.sent_lines)[0])
-            with open(source, encoding="utf-8") as f, open(path, "w", encoding="utf-8") as g:
-                g.writelines(line for _, line in zip(range(lines), f))
+        head(self.data / "dev.tok.en" if self.data else self.corpus(self.sizes.sent_lines)[0], path, lines)
         return path
 
     # running ----------------------------------------------------------------------------------------
@@ -505,11 +524,9 @@ class GpuCheck:
                 "hypotheses_per_s_with_startup": round(hyps / seconds, 1)}
 
     def cslm_text(self) -> str:
-        if self.shared:
+        if self.data:
             path = os.path.join(self.work, f"train{self.sizes.cslm_lines}.fr")
-            if not os.path.exists(path):
-                with open(CORPUS / "train.tok.fr", encoding="utf-8") as f, open(path, "w", encoding="utf-8") as g:
-                    g.writelines(line for _, line in zip(range(self.sizes.cslm_lines), f))
+            head(self.data / "train.tok.fr", path, self.sizes.cslm_lines)
             return path
         return self.corpus(self.sizes.sent_lines)[1]
 
@@ -579,7 +596,7 @@ class GpuCheck:
             "mode": "dry-run (CPU, tiny sizes)" if self.dry_run else "gpu",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "torch": self.torch.__version__,
-            "shared_data": self.shared,
+            "data": str(self.data) if self.data else "the shipped example table (no --data)",
             "budget_seconds": round(self.end - self.start),
             "total_seconds": round(time.monotonic() - self.start, 1),
             "checks": [asdict(r) for r in self.results],
@@ -607,9 +624,14 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("-o", "--output-dir", required=True, help="where gpu_check.json and gpu_check.md go")
+    ap.add_argument("-o", "--output-dir", help="where gpu_check.json and gpu_check.md go")
     ap.add_argument("--dry-run", "--cpu-smoke", action="store_true",
                     help="every check on CPU with tiny models and slices (a minute or two)")
+    ap.add_argument("--data", type=Path, default=DATA,
+                    help="phrase-table.gz, train.tok.en/fr and dev.tok.en (shared en-fr-moses or --pack-data's) "
+                         "[../shared/data/en-fr-moses; without it the dry run uses the shipped example table]")
+    ap.add_argument("--pack-data", type=Path, metavar="DIR",
+                    help="write the part of --data a GPU run reads into DIR (about 35 MB) and stop")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole run [%(default)s]")
     ap.add_argument("--moses", default=os.environ.get("MOSES"),
                     help="a mosesdecoder with the CSLM feature, for the decode ratio [$MOSES]")
@@ -617,11 +639,16 @@ def main(argv=None) -> int:
                     help="run this check and those it uses (repeatable; to rerun a failed one) [all]")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (models, slices, outputs)")
     a = ap.parse_args(argv)
+    if a.pack_data:
+        pack_data(a.data, a.pack_data)
+        return 0
+    if not a.output_dir:
+        ap.error("-o/--output-dir is required")
     out = Path(a.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     work = tempfile.mkdtemp(prefix="gpu-check-", dir=out if a.keep else None)
     try:
-        check = GpuCheck(out, a.dry_run, a.budget, a.moses, work)
+        check = GpuCheck(out, a.dry_run, a.budget, a.moses, work, a.data)
         report = check.run(a.only)
     finally:
         if not a.keep:

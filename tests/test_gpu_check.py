@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import json
 import math
 import os
@@ -119,3 +121,29 @@ def test_only_runs_a_check_with_those_it_uses(check):
     assert gpu_check.with_needs(["cslm_server"]) == {"cslm_server", "cslm_train", "matmul"}
     assert gpu_check.with_needs(["score_bf16", "translate"]) == {
         "score_bf16", "score_fp32", "train_paper", "matmul", "translate", "train_sent"}
+
+
+def test_pack_data_holds_what_a_run_reads(tmp_path, monkeypatch):
+    """--pack-data cuts the data to the GPU run's sizes; a run pointed at the pack reads it, not the example."""
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = gpu_check.EXAMPLE_TABLE.read_bytes().splitlines(keepends=True)
+    with gzip.open(data / "phrase-table.gz", "wb") as f:
+        f.writelines(lines)
+    for name in ("train.tok.en", "train.tok.fr", "dev.tok.en"):
+        (data / name).write_text("".join(f"{name} {i}\n" for i in range(50)))
+    small = dataclasses.replace(gpu_check.GPU, score_lines=300, train_lines=200, sent_lines=20, cslm_lines=30,
+                                translate_lines=5, nbest_lines=7)
+    monkeypatch.setattr(gpu_check, "GPU", small)
+    gpu_check.main(["--pack-data", str(tmp_path / "pack"), "--data", str(data)])
+    pack = tmp_path / "pack"
+    assert sorted(p.name for p in pack.iterdir()) == sorted(gpu_check.DATA_FILES)
+    with gzip.open(pack / "phrase-table.gz", "rb") as f:
+        assert f.read() == b"".join(lines[:300])
+    assert (pack / "train.tok.fr").read_text().splitlines() == [f"train.tok.fr {i}" for i in range(30)]
+    assert len((pack / "dev.tok.en").read_text().splitlines()) == 7
+    run = gpu_check.GpuCheck(tmp_path, dry_run=True, budget=60, moses=None, work=str(tmp_path), data=pack)
+    assert run.data == pack
+    assert Path(run.dev_source(3)).read_text() == "dev.tok.en 0\ndev.tok.en 1\ndev.tok.en 2\n"
+    with pytest.raises(SystemExit, match="lacks one of"):
+        gpu_check.GpuCheck(tmp_path, dry_run=False, budget=60, moses=None, work=str(tmp_path), data=data / "none")
