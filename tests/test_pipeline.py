@@ -678,6 +678,13 @@ def test_add_to_moses_registers_once(tmp_path):
     assert search.read_text() == "// something else\n"
     r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path)], capture_output=True, text=True)
     assert r.returncode != 0 and "a mosesdecoder checkout?" in r.stderr
+    for args in ([], ["a", "b"]):  # the usage, in one line
+        r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), *args], capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr == "usage: add-to-moses.sh MOSES_CHECKOUT\n", r.stderr
+    r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path / "none")], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and r.stderr.strip().endswith("none is not a directory (usage: add-to-moses.sh "
+                                                           "MOSES_CHECKOUT)"), r.stderr
 
 
 def test_mt_py_names_a_truncated_corpus_in_one_line(tmp_path):

@@ -6,7 +6,10 @@
 # rebuild Moses afterwards with its usual bjam command.
 # Running it again refreshes the copied sources; registration and hook are added once.
 set -euo pipefail
-moses=${1:?usage: add-to-moses.sh /path/to/mosesdecoder}
+usage="usage: add-to-moses.sh MOSES_CHECKOUT"
+[ $# -eq 1 ] || { echo "$usage" >&2; exit 2; }
+moses=$1
+[ -d "$moses" ] || { echo "add-to-moses.sh: $moses is not a directory ($usage)" >&2; exit 1; }
 here=$(cd "$(dirname "$0")" && pwd)
 ff=$moses/moses/FF
 factory=$ff/Factory.cpp
