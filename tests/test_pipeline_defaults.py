@@ -95,7 +95,7 @@ def test_relative_paths_are_read_from_the_callers_folder(tmp_path):
     r = _make("-n", "report", cwd=caller, CORPUS="c/train", DEV="/abs/dev", TEST="t", MOSES="/opt/mosesdecoder")
     assert r.returncode == 0, r.stderr
     assert f"{caller}/c/train.en" in r.stdout and "/abs/dev.en" in r.stdout and f"{caller}/t.en" in r.stdout
-    assert f"{caller}/work/data/" in r.stdout and f"{PIPE}/work" not in r.stdout  # WORK's default: ./work
+    assert f"{caller / 'work' / 'data'}/" in r.stdout and str(PIPE / "work") not in r.stdout  # WORK's default: ./work
     # a missing corpus is named as the caller's path
     r = _make("prepare", cwd=caller, DATA="../nothing", WORK="w")
     assert r.returncode != 0 and f"pipelines: {tmp_path}/nothing/train.en does not exist" in r.stderr
