@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cslm_decode import PIPELINE_FLAGS, SYSTEM, filter_table  # noqa: E402
-from common import SHARED, emit, require_shared  # noqa: E402
+from common import emit, require_shared  # noqa: E402
 
 from moses_rnn.formats.mosesini import MosesIni  # noqa: E402
 from mtcommon.errors import UserError  # noqa: E402

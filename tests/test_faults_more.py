@@ -537,7 +537,7 @@ def test_a_huge_phrase_is_refused_naming_its_line(tmp_path, example_table, tiny_
 def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
     import click
 
-    from moses_rnn.cli import score
+    from moses_rnn.commands.score import score
     from moses_rnn.scoring.table import score_table
     from moses_rnn.scoring.window import MAX_PHRASE_WORDS, TableJob
 
