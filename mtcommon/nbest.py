@@ -75,9 +75,14 @@ def parse(line: str, path: str, lineno: int) -> Hypothesis:
     return Hypothesis(lineno, fields)
 
 
+def read(path: str) -> Iterator[Hypothesis]:
+    """The list's hypotheses, each line checked (`parse`), streamed."""
+    return (parse(line, path, lineno) for lineno, line in iter_lines(path))
+
+
 def windows(path: str, size: int) -> Iterator[list[Hypothesis]]:
     """The list's hypotheses, `size` at a time, each line checked (`parse`)."""
-    return batches((parse(line, path, lineno) for lineno, line in iter_lines(path)), size)
+    return batches(read(path), size)
 
 
 def write(out: BinaryIO, hypotheses: Sequence[Hypothesis], name: str, values: Sequence[Sequence[float | int]]) -> None:

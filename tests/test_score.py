@@ -189,7 +189,8 @@ def test_truncated_gzip_table_is_named_and_keeps_previous_output(tmp_path, examp
 
 def test_truncated_gzip_table_stops_training(tmp_path, example_table):
     cut = cut_gzip_table(example_table, tmp_path)
-    r = CliRunner().invoke(main, ["train", str(cut), "-o", str(tmp_path / "m"), "--preset", "tiny", "--quiet"])
+    r = CliRunner().invoke(main, ["train", str(cut), "-o", str(tmp_path / "m"), "--preset", "tiny", "--max-steps", "10",
+                                  "--quiet"])
     assert r.exit_code == 1 and "Aborted" not in r.output
     assert f"Error: {cut}: truncated gzip stream after line " in r.output
 

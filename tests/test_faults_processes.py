@@ -1,6 +1,6 @@
-"""Faults a user meets, continued (issue 21, Reliability 4-6): worker processes that outlive their parent,
-the CSLM server under file-descriptor exhaustion, and smaller faults (gzip with trailing garbage, a huge
-phrase, part files of failed torchrun runs, --workers above the core count).
+"""Faults of processes and their resources (issue 21, Reliability 4-6): worker processes that outlive their
+parent, the CSLM server when file descriptors run out, part files of failed torchrun runs, --workers above
+the core count; and two input faults met while scoring (gzip with trailing garbage, a huge phrase).
 
 Each test runs the real command in a process of its own where a process's life is the point; timing
 limits are loose (seconds), so that a loaded 2-core machine passes them.
