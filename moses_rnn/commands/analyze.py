@@ -11,6 +11,11 @@ import click
 from mtcommon.cliutil import DEVICE, MODEL_DIR, SEED, Number, device_option, fail_cleanly, stacked, write_text
 
 
+_PNG = click.option("-o", "--output", required=True, help="PNG file.")
+_SEED = click.option("--seed", type=SEED, default=1, show_default=True)
+_VECTORS = click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
+
+
 def _labels(labels, paths, what: str, name=lambda p: os.path.basename(os.path.normpath(p))) -> list[str]:
     """One label per path: those given (--label, as many as the paths), else each path's `name`."""
     if labels and len(labels) != len(paths):
@@ -22,7 +27,7 @@ def _labels(labels, paths, what: str, name=lambda p: os.path.basename(os.path.no
 @click.argument("source", required=False)
 @click.argument("target", required=False)
 @MODEL_DIR
-@click.option("-o", "--output", required=True, help="PNG file.")
+@_PNG
 @click.option("-i", "--input", "input_file", type=click.Path(exists=True, dir_okay=False),
               help="Source sentences, one a line, instead of SOURCE: several alignments in one picture.")
 @click.option("--targets", type=click.Path(exists=True, dir_okay=False),
@@ -109,7 +114,7 @@ def analyze_table2(table, tm_column, rnn_column, output, min_words, per_group, t
 
 @analyze.command("curves")
 @click.argument("model_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("-o", "--output", required=True, help="PNG file.")
+@_PNG
 @click.option("--label", "labels", multiple=True, help="One label per MODEL_DIR [the folder names].")
 @click.option("--title", default="Held-out perplexity", show_default=True)
 @click.option("--reference", type=(str, float), help="A horizontal line: LABEL PERPLEXITY (e.g. KenLM 5-gram 129.0).")
@@ -135,7 +140,7 @@ def analyze_curves(model_dirs, output, labels, title, reference, x):
               help="A long source phrase has at least this many words.")
 @click.option("--examples", type=click.IntRange(min=0), default=6, show_default=True,
               help="Example sources of each kind (long; with a shortlist miss).")
-@click.option("--seed", type=SEED, default=1, show_default=True)
+@_SEED
 @fail_cleanly
 def analyze_columns(tables, output, labels, tm_column, min_words, examples, seed):
     """Compare the RNN columns of TABLES: one phrase table scored by different models, the word-level
@@ -201,10 +206,10 @@ def analyze_learning(model_dirs, output, labels, dev, sample, seed, device):
 @analyze.command("scatter")
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @_columns
-@click.option("-o", "--output", required=True, help="PNG file.")
+@_PNG
 @click.option("--max-points", type=click.IntRange(min=1), default=50000, show_default=True,
               help="Pairs drawn (a uniform sample).")
-@click.option("--seed", type=SEED, default=1, show_default=True)
+@_SEED
 @fail_cleanly
 def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
     """Figure 3: RNN log p against translation-model log p for the pairs of a scored TABLE."""
@@ -216,14 +221,14 @@ def analyze_scatter(table, tm_column, rnn_column, output, max_points, seed):
 
 @analyze.command("words")
 @MODEL_DIR
-@click.option("-o", "--output", required=True, help="PNG file.")
+@_PNG
 @click.option("--words", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Most frequent shortlist words mapped.")
 @click.option("--labels", type=click.IntRange(min=0), default=150, show_default=True,
               help="Most labels drawn (never overlapping).")
 @click.option("--side", default="source", show_default=True, type=click.Choice(["source", "target"]))
-@click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
-@click.option("--seed", type=SEED, default=1, show_default=True)
+@_VECTORS
+@_SEED
 @fail_cleanly
 def analyze_words(model_dir, output, words, labels, side, vectors, seed):
     """Figure 4: a 2-D t-SNE map of the model's word embeddings."""
@@ -237,14 +242,14 @@ def analyze_words(model_dir, output, words, labels, side, vectors, seed):
 @analyze.command("phrases")
 @click.argument("table", type=click.Path(dir_okay=False, allow_dash=True))
 @MODEL_DIR
-@click.option("-o", "--output", required=True, help="PNG file.")
+@_PNG
 @click.option("--phrases", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Most frequent long source phrases mapped.")
 @click.option("--labels", type=click.IntRange(min=0), default=60, show_default=True,
               help="Most labels drawn (never overlapping).")
 @click.option("--min-words", default=4, show_default=True)
-@click.option("--vectors", help="Also write VECTORS.vectors.tsv and VECTORS.labels.tsv.")
-@click.option("--seed", type=SEED, default=1, show_default=True)
+@_VECTORS
+@_SEED
 @fail_cleanly
 def analyze_phrases(table, model_dir, output, phrases, labels, min_words, vectors, seed):
     """Figure 5: a 2-D t-SNE map of the representations of TABLE's long source phrases."""
