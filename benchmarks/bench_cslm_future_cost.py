@@ -38,9 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cslm_decode import PIPELINE_FLAGS, SYSTEM, filter_table  # noqa: E402
-from common import SHARED, emit, require_shared  # noqa: E402
+from common import emit, require_shared  # noqa: E402
 
 from moses_rnn.formats.mosesini import MosesIni  # noqa: E402
+from mtcommon import nbest as nbest_list  # noqa: E402
 from mtcommon.errors import UserError  # noqa: E402
 
 
@@ -75,9 +76,8 @@ def decode(moses: Path, config: Path, text: str, nbest: Path) -> tuple[float, li
     if r.returncode != 0:
         raise SystemExit(f"moses failed on {config}:\n{r.stderr[-3000:]}")
     totals = {}
-    for line in nbest.read_text(encoding="utf-8").splitlines():
-        fields = line.split(" ||| ")
-        totals.setdefault(int(fields[0]), float(fields[3]))
+    for h in nbest_list.read(str(nbest)):
+        totals.setdefault(h.sentence, float(h.fields[3]))
     return wall, r.stdout.splitlines(), totals  # sentence id -> the 1-best's model score (none: no translation)
 
 

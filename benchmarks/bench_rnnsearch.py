@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from moses_rnn.formats.phrasetable import read_phrase_table
-from moses_rnn.networks.modelbase import PRESETS, preset_config
+from moses_rnn.networks import PRESET_NAMES
+from moses_rnn.networks.modelbase import preset_config, preset_vocab
 from moses_rnn.networks.modelio import LoadedModel, build_model
 from moses_rnn.scoring.scorer import PhraseScorer
 from moses_rnn.scoring.table import score_table
@@ -45,7 +46,7 @@ def main() -> None:
     ap.add_argument("--table", default=str(DEFAULT_TABLE), help="gzip Moses phrase table")
     ap.add_argument("--skip", type=int, default=1_000_000, help="lines skipped before the slice")
     ap.add_argument("--lines", type=int, default=20_000, help="lines in the slice")
-    ap.add_argument("--preset", default="small", choices=list(PRESETS))
+    ap.add_argument("--preset", default="small", choices=PRESET_NAMES)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, help="CPU threads [all cores]")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs per model; the best is kept")
@@ -56,7 +57,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         sliced = os.path.join(tmp, "slice.phrase-table")
         write_slice(args.table, args.skip, args.lines, sliced)
-        size = PRESETS[args.preset]["vocab"]
+        size = preset_vocab(args.preset)
         src_vocab, tgt_vocab = build_vocabularies(sliced, size, size)
         warmup = [(p.source, p.target) for p in itertools.islice(read_phrase_table(sliced), 500)]
         results = {}

@@ -34,7 +34,8 @@ import torch
 
 from common import REAL_TABLE, SHARED, emit, require_shared, workdir
 from moses_rnn.formats.phrasetable import read_phrase_table
-from moses_rnn.networks.modelbase import PRESETS_BY_ARCH, preset_config
+from moses_rnn.networks import ARCHS, PRESET_NAMES
+from moses_rnn.networks.modelbase import preset_config, preset_vocab
 from moses_rnn.networks.modelio import LoadedModel, build_model
 from moses_rnn.scoring.scorer import PhraseScorer
 from moses_rnn.scoring.table import score_table
@@ -52,8 +53,8 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=50_000, help="lines of the table scored (from --skip on)")
     ap.add_argument("--skip", type=int, default=1_000_000, help="lines skipped before the slice")
     ap.add_argument("--subwords", type=int, default=8000, help="subword units per side (and the same-size shortlists)")
-    ap.add_argument("--preset", default="small", choices=["tiny", "small", "paper"])
-    ap.add_argument("--arch", default="encdec", choices=["encdec", "rnnsearch"])
+    ap.add_argument("--preset", default="small", choices=PRESET_NAMES)
+    ap.add_argument("--arch", default="encdec", choices=ARCHS)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, help="CPU threads [all cores]")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per model; the median is reported")
@@ -73,7 +74,7 @@ def main() -> None:
     learn_seconds = time.perf_counter() - t
     # word shortlists from the same text: the most frequent words of each side
     counts = [Counter(itertools.chain.from_iterable(line.split() for line in lines)) for lines in text]
-    preset_size = PRESETS_BY_ARCH[args.arch][args.preset]["vocab"]
+    preset_size = preset_vocab(args.preset, args.arch)
     vocabularies = {"subwords": units,
                     "words_same_size": [Vocabulary.build(c, len(u)) for c, u in zip(counts, units)],
                     "words_preset": [Vocabulary.build(c, preset_size) for c in counts]}

@@ -37,16 +37,15 @@ from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, Server, filt
 from common import require_shared  # noqa: E402
 
 from cslm.engine import Engine  # noqa: E402
+from mtcommon import nbest as nbest_list  # noqa: E402
 
 
 def nbest(path: Path) -> list[tuple[int, str, float, float]]:
     """(sentence, text, CSLM0 log-probability, CSLM0 unknown count) per n-best line."""
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        sid, text, scores = line.split(" ||| ")[:3]
-        tok = scores.split()
-        at = tok.index("CSLM0=")
-        out.append((int(sid), text.strip(), float(tok[at + 1]), float(tok[at + 2])))
+    for h in nbest_list.read(str(path)):
+        features = dict(h.features())
+        out.append((h.sentence, h.text.strip(), features["CSLM0_0"], features["CSLM0_1"]))
     return out
 
 

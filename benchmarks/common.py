@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from moses_rnn.networks import modelio
-from moses_rnn.networks.modelbase import preset_config, PRESETS
+from moses_rnn.networks.modelbase import preset_config, preset_vocab
 from moses_rnn.networks.modelio import build_model
 from moses_rnn.training.train import build_vocabularies
 
@@ -39,7 +39,7 @@ def untrained_model_dir(preset: str, vocab_table: str, folder: str) -> str:
     Speed does not depend on the weights' values, so benchmarks need no training.
     """
     model_dir = os.path.join(folder, f"model-{preset}")
-    size = PRESETS[preset]["vocab"]
+    size = preset_vocab(preset)
     src_vocab, tgt_vocab = build_vocabularies(vocab_table, size, size)
     modelio.save_vocabularies(model_dir, src_vocab, tgt_vocab)
     torch.manual_seed(0)
@@ -79,15 +79,6 @@ def emit(report: dict, path: str | None = None) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text + "\n")
-
-
-def median_time(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def workdir() -> str:

@@ -8,12 +8,13 @@ asking a running `cslm serve`. Both return bit-identical numbers on the CPU
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from mtcommon import nbest
+from mtcommon.batching import batches
 from mtcommon.errors import UserError
 from mtcommon.finite import check_finite
 from mtcommon.textio import InputError, atomic_output, iter_lines
@@ -33,17 +34,6 @@ class Backend(Protocol):
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-def _windows(path: str, size: int) -> Iterator[list[tuple[int, str]]]:
-    window = []
-    for lineno, line in iter_lines(path):
-        window.append((lineno, line))
-        if len(window) >= size:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
 def fmt(x: float) -> str:
     return f"{x:.6f}"
 
@@ -59,7 +49,7 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
     lines = tokens = unknown = 0
     total = 0.0
     with atomic_output(output, inputs=[path]) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
-        for win in _windows(path, window):
+        for win in batches(iter_lines(path), window):
             if ngrams:
                 grams = [line.split() for _, line in win]
                 for (lineno, _), g in zip(win, grams):
@@ -137,7 +127,7 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
 
         check_weight(mix_weight)
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
-        for win in _windows(path, window):
+        for win in batches(iter_lines(path), window):
             sents = [line.split() for _, line in win]
             scored = backend.score_sentences_log_z(sents) if log_z else \
                 [(lp, fl, None) for lp, fl in backend.score_sentences(sents)]
@@ -210,7 +200,7 @@ def estimate_mix_weight(backend: Backend, kenlm: str | KenLMBackoff, path: str, 
 
         kenlm = KenLMBackoff(kenlm)
     cs, ks, fs = [], [], []
-    for win in _windows(path, window):
+    for win in batches(iter_lines(path), window):
         sents = [line.split() for _, line in win]
         for s, (lp, fl) in zip(sents, backend.score_sentences(sents)):
             cs.append(lp)

@@ -9,8 +9,8 @@ import sys
 import click
 
 from mtcommon import __version__
-from mtcommon.cliutil import (LR_SCHEDULE, OVERWRITE, SEED, THREADS, Number, check_device, explicit_options,
-                              fail_cleanly, feature_name, require_model_dir)
+from mtcommon.cliutil import (DEVICE, LR_SCHEDULE, QUIET, THREADS, Number, RegistryChoice, explicit_options,
+                              fail_cleanly, feature_name, require_model_dir, trainer_options)
 from mtcommon.textio import check_paths
 
 from .data import RESERVED
@@ -66,6 +66,12 @@ def _engine(model_dir, device, kenlm, self_normalized=False):
     return engine
 
 
+def _presets():
+    from .model import PRESETS  # torch: loaded only when a command needs the names
+
+    return PRESETS
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cslm")
 def main():
@@ -75,7 +81,7 @@ def main():
 @main.command()
 @click.argument("corpus", type=click.Path(dir_okay=False, allow_dash=False))
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
-@click.option("--preset", default="small", show_default=True, type=click.Choice(["paper", "small", "tiny"]))
+@click.option("--preset", default="small", show_default=True, type=RegistryChoice(_presets))
 @click.option("--vocab-size", type=click.IntRange(min=len(RESERVED) + 1), help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
 @click.option("--max-epochs", type=click.IntRange(min=0), default=100, show_default=True)
 @click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time in all (a resumed run gets what is left).")
@@ -105,14 +111,7 @@ def main():
                    "(Mnih & Teh 2012, as NPLM trains): k+1 output rows an n-gram, self-normalised by construction.")
 @click.option("--noise-samples", type=click.IntRange(min=1), default=100, show_default=True,
               help="k: noise words per update with --objective nce, at most the shortlist's size.")
-@click.option("--seed", type=SEED, default=1, show_default=True)
-@click.option("--device", default="auto", show_default=True, callback=check_device,
-              help="auto, cpu, cuda or cuda:N (torchrun: cuda:LOCAL_RANK).")
-@click.option("--threads", type=THREADS, help="CPU threads [tuned while training].")
-@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint.pt: on the same CORPUS, with the "
-              "options it was started with (only --max-epochs, --max-minutes, --device, --threads, --dtype may change).")
-@OVERWRITE
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@trainer_options(data="CORPUS", budget="--max-epochs")
 @fail_cleanly
 def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, valid_text, epoch_ngrams,
           recipe, batch_size, dtype, optimizer, lr, lr_schedule, dropout, self_norm, objective, noise_samples, seed, device, threads, resume,
@@ -146,9 +145,9 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--log-z", is_flag=True,
               help="Also report ln Z(h) over the text's n-grams (mean, sd, percentiles, mean |ln Z|) and the "
                    "perplexity of the unnormalised scores o_w used as log-probabilities (self-normalisation).")
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@DEVICE
 @click.option("--threads", type=THREADS)
-@click.option("--quiet", is_flag=True)
+@QUIET
 @fail_cleanly
 def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
     """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's."""
@@ -176,7 +175,7 @@ def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
 @click.option("--kenlm", required=True, type=click.Path(exists=True, dir_okay=False),
               help="The n-gram model to interpolate with (ARPA or KenLM binary).")
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` (unk mode) instead of loading the model.")
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@DEVICE
 @click.option("--threads", type=THREADS)
 @fail_cleanly
 def mix_(paths, kenlm, server, device, threads):
@@ -221,9 +220,9 @@ def _split_paths(paths, server, what):
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@DEVICE
 @click.option("--threads", type=THREADS)
-@click.option("--quiet", is_flag=True)
+@QUIET
 @fail_cleanly
 def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, device, threads, quiet):
     """Natural-log probabilities of the sentences (or n-grams) of TEXT ('-' = stdin).
@@ -252,9 +251,9 @@ def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, 
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
 @MIX_OPTION
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@DEVICE
 @click.option("--threads", type=THREADS)
-@click.option("--quiet", is_flag=True)
+@QUIET
 @fail_cleanly
 def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, quiet):
     """Add `FEATURE= <ln P(hypothesis)> <unknown words>` to every hypothesis of a Moses n-best list."""
@@ -303,7 +302,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@DEVICE
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+from typing import Callable, Iterable
 
 import click
 
@@ -104,6 +105,71 @@ OVERWRITE = click.option(
     "--overwrite", is_flag=True,
     help="Start afresh in a MODEL_DIR that already holds a model (its weights, config and checkpoint are "
          "removed first); without it, or --resume, such a folder is refused.")
+
+# the model a command reads (a `moses-rnn train` folder)
+MODEL_DIR = click.option("-m", "--model-dir", required=True, type=click.Path(exists=True, file_okay=False))
+
+QUIET = click.option("--quiet", is_flag=True, help="No progress bar.")
+
+
+def device_option(default: str = "auto", torchrun: bool = False):
+    """The --device option (`check_device`); `torchrun`: the command runs under torchrun too."""
+    where = " (torchrun: cuda:LOCAL_RANK)." if torchrun else "."
+    return click.option("--device", default=default, show_default=True, callback=check_device,
+                        help=f"auto, cpu, cuda or cuda:N{where}")
+
+
+DEVICE = device_option()
+
+
+def trainer_options(data: str, budget: str, threads: str = "tuned while training"):
+    """The options both trainers share (mtcommon.trainer), in this order: --seed, --device, --threads,
+    --resume, --overwrite, --quiet. `data`: what a resumed run must be given again; `budget`: the trainer's
+    own limit, which a resumed run may change (as it may the others of `trainer.RUN_CONTROL`)."""
+    options = [
+        click.option("--seed", type=SEED, default=1, show_default=True),
+        device_option(torchrun=True),
+        click.option("--threads", type=THREADS, help=f"CPU threads [{threads}]."),
+        click.option("--resume", is_flag=True,
+                     help=f"Continue from MODEL_DIR/checkpoint.pt: on the same {data}, with the options it was "
+                          f"started with (only {budget}, --max-minutes, --device, --threads, --dtype may change)."),
+        OVERWRITE,
+        QUIET,
+    ]
+    return stacked(options)
+
+
+def stacked(options):
+    """One decorator applying `options` (click decorators) in their order, as if written one above another."""
+
+    def decorate(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+class RegistryChoice(click.Choice):
+    """A choice among a registry's names, read when a command first needs them (to parse or show its
+    options), so that a registry whose module imports torch is not loaded for every command."""
+
+    def __init__(self, names: Callable[[], Iterable[str]]):
+        self._names = names
+        self.case_sensitive = True
+
+    @functools.cached_property
+    def choices(self) -> tuple[str, ...]:
+        return tuple(self._names())
+
+
+def write_text(path: str, text: str, inputs: Iterable[str | None] = ()) -> None:
+    """A command's report (Markdown, JSON) into file `path`, atomically, or onto stdout for '-': UTF-8,
+    never gzip-compressed. `path` must not be one of `inputs`."""
+    from .textio import atomic_output
+
+    with atomic_output(path, compress=False, inputs=inputs) as out:
+        out.write(text.encode("utf-8"))
 
 
 class Number(click.FloatRange):

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Sequence
 
+from .batching import batches
 from .errors import UserError
 from .scores import SEPARATORS, parse_number, split_numbers
 from .textio import InputError, iter_lines
@@ -74,16 +75,14 @@ def parse(line: str, path: str, lineno: int) -> Hypothesis:
     return Hypothesis(lineno, fields)
 
 
+def read(path: str) -> Iterator[Hypothesis]:
+    """The list's hypotheses, each line checked (`parse`), streamed."""
+    return (parse(line, path, lineno) for lineno, line in iter_lines(path))
+
+
 def windows(path: str, size: int) -> Iterator[list[Hypothesis]]:
     """The list's hypotheses, `size` at a time, each line checked (`parse`)."""
-    window = []
-    for lineno, line in iter_lines(path):
-        window.append(parse(line, path, lineno))
-        if len(window) >= size:
-            yield window
-            window = []
-    if window:
-        yield window
+    return batches(read(path), size)
 
 
 def write(out: BinaryIO, hypotheses: Sequence[Hypothesis], name: str, values: Sequence[Sequence[float | int]]) -> None:

@@ -168,42 +168,16 @@ def approximate_randomization(reference: Sequence[str], baseline: Sequence[Seque
     (K_b and K_s tunings; they may differ). samples: shuffles. seed: numpy's default_rng seed
     (None: not reproducible).
 
-    What MultEval does (src/multeval/significance/StratifiedApproximateRandomizationTest.java,
-    MultEvalModule.runApproximateRandomization, at jhclark/multeval HEAD):
+    The statistic is MultEval's: |BLEU(A) - BLEU(B)|, each the corpus BLEU of all of a system's tunings
+    pooled into one corpus (two-sided); strata are sentences; p = (c + 1) / (samples + 1).
 
-    * statistic: |BLEU(A) - BLEU(B)| where BLEU(X) is the corpus BLEU of the sufficient
-      statistics summed over all sentences of all of X's optimizer runs, i.e. of the K runs
-      concatenated into one corpus of N*K sentences (not the mean of the per-run BLEU scores;
-      the two differ by hundredths of a point). Two-sided.
-    * shuffling: per shuffle, the hypotheses of each sentence (the stratum: "stratifying on like
-      hypotheses, but allowing swaps between systems and optimizer runs") are exchanged between
-      the two systems and permuted across the optimizer runs; the other sentences are shuffled
-      independently. For the pooled statistic the permutation across runs changes nothing; the
-      exchange amounts to a fair coin per (sentence, run k) swapping A's and B's hypotheses.
-    * p = (c + 1) / (shuffles + 1), c: shuffles whose |difference| > the observed one;
-      10,000 shuffles by default.
-    * the two systems must have the same number of optimizer runs (HypothesisManager:
-      "Non-parallel number of optimization runs").
-
-    Here, matched: the pooled statistic, sentence strata, the (c + 1) / (n + 1) formula, the
-    default of 10,000 shuffles. Deviations:
-
-    * exchange="sentence" (default): under the null hypothesis the K_b + K_s hypotheses of a
-      sentence (all tunings of both systems) are exchangeable, so each shuffle re-divides them at
-      random, K_b to the pseudo-baseline and K_s to the pseudo-system, every such division
-      equally likely. This is what MultEval's comment describes, does not tie seed k of one system
-      to seed k of the other, and allows K_b != K_s (BLEU of a pooled corpus does not depend on
-      how many copies of the test set it holds, so unequal pools compare fairly). With one
-      tuning each it is the ordinary approximate randomization test (a coin per sentence).
-      exchange="pairs": MultEval's exchange as it works out for the pooled statistic (a coin per
-      sentence and run k between baseline tuning k and system tuning k); needs K_b == K_s.
-    * pseudo-systems are complementary: each shuffle divides a sentence's hypotheses between the
-      two, none shared, none left out (MultEval's second pseudo-system can share or miss one, which
-      narrows its null distribution; docs/pipeline.md, "Significance tests").
-    * c counts shuffles with |difference| >= the observed one (minus 1e-9 for rounding), the
-      usual Monte Carlo permutation test (Noreen 1989; Riezler & Maxwell 2005): identical systems
-      get p = 1 (MultEval's > gives them 1/(n+1)).
-    * numpy's PCG64 instead of Java's Random, so the p-values are not MultEval's digit for digit.
+    exchange="sentence" (default): under the null hypothesis the K_b + K_s hypotheses of a sentence
+    are exchangeable, so each shuffle re-divides them at random, K_b to the pseudo-baseline and K_s
+    to the pseudo-system (complementary: none shared, none left out); K_b != K_s is allowed.
+    exchange="pairs": MultEval's exchange, a coin per sentence and tuning k between baseline tuning
+    k and system tuning k; needs K_b == K_s. c counts shuffles with |difference| >= the observed one
+    (less `TIE` for rounding), so identical systems get p = 1. What MultEval does and where this
+    departs from it: docs/pipeline.md, "Significance tests".
 
     Caveat (MultEval's too): shuffles are drawn independently per sentence, so the test is
     conditional on the tunings at hand; a tuning-level effect (one MERT run's weights better on

@@ -123,7 +123,7 @@ def test_augment_refuses_a_scored_or_unsorted_table(example_table, tiny_model, l
 
 def test_usage_counts_the_generated_pairs_of_a_segmented_one_best(tmp_path):
     """analyze augmented: Moses's -t spans looked up among the indicator-e lines; bad traces fail by line."""
-    from moses_rnn.analysis.augmented import segments, strip_segmentation
+    from moses_rnn.analysis.augmented import segments
 
     table = tmp_path / "aug.gz"
     with gzip.open(table, "wt") as f:
@@ -134,7 +134,6 @@ def test_usage_counts_the_generated_pairs_of_a_segmented_one_best(tmp_path):
     (tmp_path / "src").write_text("la maison rouge\nvoiture rouge\nrouge\n")
     (tmp_path / "trace").write_text("the house |0-1| scarlet |2-2|\nred car |0-1|\nred |0-0|\n")
     assert segments("the house |0-1| |2-2| red |3-3|") == [("the house", 0, 1), ("", 2, 2), ("red", 3, 3)]
-    assert strip_segmentation("the house |0-1| scarlet |2-2|") == "the house scarlet"
     out = tmp_path / "usage.json"
     r = CliRunner().invoke(main, ["analyze", "augmented", str(table), str(tmp_path / "trace"), str(tmp_path / "src"),
                                   "-o", str(out)])

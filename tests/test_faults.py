@@ -510,7 +510,8 @@ def test_errors_that_were_plain_value_errors_are_still_one_line(tmp_path, tiny_m
     assert_one_line_error(r.output, "model has no alignment")
     one_pair = tmp_path / "one.txt"
     one_pair.write_text(example_table.read_text(encoding="utf-8").splitlines(keepends=True)[0], encoding="utf-8")
-    r = invoke("moses-rnn", "train", one_pair, "-o", tmp_path / "m", "--preset", "tiny", "--max-steps", "10", "--quiet")
+    r = invoke("moses-rnn", "train", one_pair, "-o", tmp_path / "m", "--preset", "tiny", "--max-steps", "1",
+               "--quiet")
     assert_one_line_error(r.output, one_pair, "needs at least 2 distinct phrase pairs")
     r = invoke("cslm", "score", "--server", "no-port", one_pair, "--quiet")
     assert_one_line_error(r.output, "expected HOST:PORT")

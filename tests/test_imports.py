@@ -95,7 +95,7 @@ def test_the_graph_is_read_correctly():
     g = import_graph()
     assert "moses_rnn.networks.modelbase" in g["moses_rnn.networks.model"]  # from .modelbase import ...
     assert {"moses_rnn.networks.model", "moses_rnn.networks.rnnsearch"} <= g["moses_rnn.networks.modelio"]
-    assert "moses_rnn.networks.modelio" in g["moses_rnn.cli"]  # imported inside the commands' functions
+    assert "moses_rnn.networks.modelio" in g["moses_rnn.commands.analyze"]  # imported inside the commands' functions
     assert "moses_rnn.networks.modelio" in g["moses_rnn.training.train"]  # from ..networks import modelio
     assert "mtcommon.modeldir" in g["cslm.modeldir"]  # from mtcommon import modeldir
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -133,3 +133,14 @@ def test_the_servers_rooms_build_on_each_other_one_way():
     assert g["cslm.stats"] <= {"cslm.protocol"}
     assert g["cslm.batcher"] <= {"cslm.stats"}
     assert {"cslm.limits", "cslm.stats", "cslm.batcher"} <= g["cslm.server"]
+
+
+def test_the_command_line_gathers_the_commands_which_only_the_command_line_imports():
+    """moses_rnn.cli builds the group from moses_rnn.commands; a command imports the library, never another
+    command; nothing of the library imports a command or the group."""
+    g = import_graph()
+    commands = {m for m in g if m.startswith("moses_rnn.commands.")}
+    assert commands == {f"moses_rnn.commands.{n}" for n in ("train", "score", "ini", "generate", "analyze")}
+    assert g["moses_rnn.cli"] == commands | {"moses_rnn"}  # and the package's __version__
+    front = commands | {"moses_rnn.cli", "moses_rnn.commands"}
+    assert not [f"{m} -> {d}" for m in g for d in g[m] if d in front and m != "moses_rnn.cli"]

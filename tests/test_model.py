@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from moses_rnn.networks.model import EncoderDecoder
-from moses_rnn.networks import ARCHS
-from moses_rnn.networks.modelbase import PRESETS, RNNSEARCH_PRESETS, ModelConfig, PhraseModel, preset_config
-from moses_rnn.networks.modelio import ARCHITECTURES, build_model
+from moses_rnn.networks import ARCHITECTURES, ARCHS, PRESET_NAMES
+from moses_rnn.networks.modelbase import ModelConfig, PhraseModel, preset_config
+from moses_rnn.networks.modelio import MODEL_CLASSES, build_model
 
 
 def small_model(seed=0):
@@ -112,12 +112,13 @@ ARCH_RANKS = [("encdec", 3), ("encdec", 8), ("rnnsearch", 3), ("rnnsearch", 8)]
 
 
 def test_every_architecture_is_built_and_presets_cover_the_same_names():
-    assert set(PRESETS) == set(RNNSEARCH_PRESETS)
+    assert PRESET_NAMES == ("paper", "small", "tiny")
+    assert all(set(a.presets) == set(PRESET_NAMES) for a in ARCHITECTURES.values())
     for arch in ARCHS:  # every name `--arch` offers builds its own class at every preset
-        for name in PRESETS:
+        for name in PRESET_NAMES:
             model = build_model(preset_config(name, 40, 50, arch))
-            assert type(model) is ARCHITECTURES[arch] and model.config.arch == arch
-    assert set(ARCHITECTURES) == set(ARCHS)
+            assert type(model) is MODEL_CLASSES[arch] and model.config.arch == arch
+    assert set(MODEL_CLASSES) == set(ARCHS)
     with pytest.raises(ValueError):
         ModelConfig(arch="encdec", align=8)  # an RNNsearch size in an encdec config
     with pytest.raises(ValueError):

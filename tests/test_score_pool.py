@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from moses_rnn.cli import main
 from test_faults import assert_nothing_left, group_members
-from test_faults_more import cpu_seconds, default_sighup, kill_group, table_bytes
+from test_faults_processes import cpu_seconds, default_sighup, kill_group, table_bytes
 
 
 def test_worker_processes_write_the_single_process_bytes(tmp_path, example_table, tiny_model):

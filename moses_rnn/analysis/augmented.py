@@ -104,8 +104,3 @@ def usage(table: str, trace: str, source: str) -> Usage:
     if u.sentences != len(src_lines):
         raise InputError(trace, u.sentences, f"{u.sentences} lines for the {len(src_lines)} of {source}")
     return u
-
-
-def strip_segmentation(line: str) -> str:
-    """The plain 1-best of a `moses -t` line (what moses writes without -t)."""
-    return " ".join(t for t in line.split() if not _SPAN.fullmatch(t))

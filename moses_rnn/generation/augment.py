@@ -149,6 +149,17 @@ def _fmt(p: float) -> str:
     return f"{max(p, math.exp(LOG_FLOOR)):.6g}"
 
 
+def lexical_tables(table: str, lex_f2e: str | None = None, lex_e2f: str | None = None) -> tuple[LexicalTable, LexicalTable]:
+    """The lexical tables of `table`: the files given, else train-model.perl's lex.f2e and lex.e2f beside it."""
+    tables = []
+    for given, name in ((lex_f2e, "lex.f2e"), (lex_e2f, "lex.e2f")):
+        path = given or os.path.join(os.path.dirname(os.path.abspath(table)), name)
+        if not os.path.exists(path):
+            raise UserError(f"{path}: no such file (train-model.perl's {name}; give --{name.replace('.', '-')})")
+        tables.append(LexicalTable.load(path))
+    return tables[0], tables[1]
+
+
 def augment_table(table: str, gen: Generator, lex_f2e: LexicalTable, lex_e2f: LexicalTable, output: str,
                   cfg: AugmentConfig, progress: bool = True) -> AugmentStats:
     """Write `table` with the generated lines added to `output` (see the module's docstring)."""

@@ -22,6 +22,7 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
+from mtcommon.batching import batches
 from mtcommon.errors import UserError
 from mtcommon.textio import atomic_output, iter_lines
 from mtcommon.vocab import UNK
@@ -35,17 +36,6 @@ class TranslationStats:
     translated: int = 0  # non-empty lines
     unknown_replaced: int = 0
     seconds: float = 0.0
-
-
-def _windows(lines: Iterable[str], size: int) -> Iterator[list[str]]:
-    window = []
-    for line in lines:
-        window.append(" ".join(line.split()))
-        if len(window) >= size:
-            yield window
-            window = []
-    if window:
-        yield window
 
 
 def read_lines(path: str) -> Iterator[str]:
@@ -82,7 +72,7 @@ def translate_lines(gen: Generator, lines: Iterable[str], output: str, beam: int
     start = time.perf_counter()
     with atomic_output(output) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True,
                                             desc="translating") as bar:
-        for lines in _windows(lines, window):
+        for lines in batches((" ".join(line.split()) for line in lines), window):
             results: list[list[Hypothesis]] = [[] for _ in lines]
             order = sorted((i for i, line in enumerate(lines) if line), key=lambda i: len(lines[i].split()))
             for k in range(0, len(order), batch):

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 
-from . import ARCHS
+from . import ARCHITECTURES, ARCHS
 
 
 @dataclass
@@ -75,30 +75,10 @@ def _is_sha256(value: str) -> bool:
     return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
-# Encoder-decoder sizes. `paper` is Cho et al.'s supplementary material; the
-# others keep its structure at sizes that train on a laptop CPU.
-PRESETS: dict[str, dict] = {
-    "paper": dict(vocab=15000, embed=100, hidden=1000, maxout=500, out_rank=100),
-    "small": dict(vocab=15000, embed=64, hidden=256, maxout=128, out_rank=64),
-    "tiny": dict(vocab=256, embed=16, hidden=32, maxout=16, out_rank=16),
-}
-
-# RNNsearch sizes (Bahdanau et al., 2015, Section 4.2: 620-d embeddings, 1000
-# hidden units per direction and in the decoder and alignment model, 500
-# maxout units, a full-rank output matrix). Shortlists as for the encdec.
-RNNSEARCH_PRESETS: dict[str, dict] = {
-    "paper": dict(vocab=15000, embed=620, hidden=1000, align=1000, maxout=500, out_rank=500),
-    "small": dict(vocab=15000, embed=64, hidden=256, align=256, maxout=128, out_rank=64),
-    "tiny": dict(vocab=2000, embed=16, hidden=32, align=32, maxout=16, out_rank=16),
-}
-
-PRESETS_BY_ARCH: dict[str, dict[str, dict]] = {"encdec": PRESETS, "rnnsearch": RNNSEARCH_PRESETS}
-
-
 def _preset(name: str, arch: str) -> dict:
-    if arch not in PRESETS_BY_ARCH:
+    if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
-    presets = PRESETS_BY_ARCH[arch]
+    presets = ARCHITECTURES[arch].presets
     if name not in presets:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(presets)}")
     return presets[name]

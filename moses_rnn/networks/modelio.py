@@ -24,6 +24,7 @@ from mtcommon import modeldir
 from mtcommon.subword import SubwordVocabulary
 from mtcommon.vocab import Vocabulary
 
+from . import ARCHITECTURES
 from .model import EncoderDecoder
 from .modelbase import ModelConfig, PhraseModel
 from .rnnsearch import RNNSearch
@@ -33,14 +34,16 @@ SRC_VOCAB, TGT_VOCAB = "src.vocab", "tgt.vocab"
 SRC_UNITS, TGT_UNITS = "src.spm", "tgt.spm"
 
 
-ARCHITECTURES: dict[str, type[PhraseModel]] = {"encdec": EncoderDecoder, "rnnsearch": RNNSearch}
+# Each architecture's class, as the one list of them (`networks.ARCHITECTURES`) names it.
+_CLASSES = {cls.__name__: cls for cls in (EncoderDecoder, RNNSearch)}
+MODEL_CLASSES: dict[str, type[PhraseModel]] = {arch: _CLASSES[a.model] for arch, a in ARCHITECTURES.items()}
 
 
 def build_model(cfg: ModelConfig) -> PhraseModel:
     """An untrained model of `cfg.arch` (weights as torch creates them; call init_weights)."""
-    if cfg.arch not in ARCHITECTURES:
+    if cfg.arch not in MODEL_CLASSES:
         raise ValueError(f"unknown architecture {cfg.arch!r}")
-    return ARCHITECTURES[cfg.arch](cfg)
+    return MODEL_CLASSES[cfg.arch](cfg)
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Faults a user meets, continued (issue 21, Reliability 4-6): worker processes that outlive their parent,
-the CSLM server under file-descriptor exhaustion, and smaller faults (gzip with trailing garbage, a huge
-phrase, part files of failed torchrun runs, --workers above the core count).
+"""Faults of processes and their resources (issue 21, Reliability 4-6): worker processes that outlive their
+parent, the CSLM server when file descriptors run out, part files of failed torchrun runs, --workers above
+the core count; and two input faults met while scoring (gzip with trailing garbage, a huge phrase).
 
 Each test runs the real command in a process of its own where a process's life is the point; timing
 limits are loose (seconds), so that a loaded 2-core machine passes them.
@@ -537,7 +537,7 @@ def test_a_huge_phrase_is_refused_naming_its_line(tmp_path, example_table, tiny_
 def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
     import click
 
-    from moses_rnn.cli import score
+    from moses_rnn.commands.score import score
     from moses_rnn.scoring.table import score_table
     from moses_rnn.scoring.window import MAX_PHRASE_WORDS, TableJob
 
