@@ -6,6 +6,8 @@ import click
 
 from mtcommon.cliutil import fail_cleanly
 
+from ..formats.mosesini import COLUMN_WEIGHT
+
 
 @click.group()
 def ini():
@@ -26,7 +28,7 @@ def _ini_edit(moses_ini, output, edit):
 @click.argument("moses_ini", type=click.Path(exists=True, dir_okay=False))
 @click.option("--table", help="Phrase table's feature name, e.g. TranslationModel0 [the only one].")
 @click.option("--count", "-n", default=1, show_default=True, help="Columns added to the table.")
-@click.option("--weight", "-w", multiple=True, type=float, help="Initial weight, once or once per column [0.2].")
+@click.option("--weight", "-w", multiple=True, type=float, help=f"Initial weight, once or once per column [{COLUMN_WEIGHT}].")
 @click.option("--path", "table_path", help="Also point the table at this file (the scored table).")
 @click.option("--fixed", is_flag=True, help="Mark the new columns untuneable (MERT keeps their weights).")
 @click.option("--table-has-columns", is_flag=True,
@@ -38,7 +40,7 @@ def ini_add_columns(moses_ini, table, count, weight, table_path, fixed, table_ha
 
     Without --path the table keeps its file, which must already have the new columns: its first
     line is checked (relative paths from the current folder, as Moses reads them)."""
-    _ini_edit(moses_ini, output, lambda cfg: cfg.add_columns(table, count, list(weight) or 0.2, path=table_path,
+    _ini_edit(moses_ini, output, lambda cfg: cfg.add_columns(table, count, list(weight) or COLUMN_WEIGHT, path=table_path,
                                                              fixed=fixed, check_table=not table_has_columns))
 
 
