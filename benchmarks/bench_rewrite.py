@@ -20,7 +20,8 @@ import time
 
 from common import emit, require_shared, table_slice, untrained_model_dir, workdir
 from moses_rnn.scoring.table import score_table, setup_scoring
-from mtcommon.textio import atomic_output, open_input
+from mtcommon.textio import open_input
+from mtcommon.outputs import atomic_output
 
 
 def main():

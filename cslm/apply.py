@@ -17,7 +17,8 @@ from mtcommon import nbest
 from mtcommon.batching import batches
 from mtcommon.errors import UserError
 from mtcommon.finite import check_finite
-from mtcommon.textio import InputError, atomic_output, iter_lines
+from mtcommon.textio import InputError, iter_lines
+from mtcommon.outputs import atomic_output
 
 from .client import RemoteBackend  # the Backend over a server (__all__)
 from .protocol import BACKOFF, UNKNOWN

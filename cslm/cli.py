@@ -11,7 +11,7 @@ import click
 from mtcommon import __version__
 from mtcommon.cliutil import (DEVICE, LR_SCHEDULE, QUIET, THREADS, Number, RegistryChoice, explicit_options,
                               fail_cleanly, feature_name, require_model_dir, trainer_options)
-from mtcommon.textio import check_paths
+from mtcommon.outputs import check_paths
 
 from .data import RESERVED
 from .limits import MAX_DELAY_US

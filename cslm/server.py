@@ -415,7 +415,7 @@ def check_port_file(path: str) -> None:
 
 def write_port_file(path: str, port: int) -> None:
     """The bound port, written atomically: a reader never sees a partial number."""
-    from mtcommon.textio import atomic_output
+    from mtcommon.outputs import atomic_output
 
     with atomic_output(path, compress=False) as f:
         f.write(f"{port}\n".encode())

@@ -1,6 +1,8 @@
-"""What moses_rnn and cslm share: streaming text IO (textio), the run-time policy (runtime),
-the model-directory format (modeldir), the training loop (trainer), vocabularies (vocab),
-the error type (errors) and the command lines' helpers (cliutil).
+"""What moses_rnn and cslm share: streaming text input (textio) and safe outputs (outputs), the
+run-time policy (runtime), the model-directory format (modeldir), the training loop (trainer),
+vocabularies (vocab), score strings as Moses reads them (scores), n-best lists (nbest), feature
+names (features), the one finiteness check (finite), window batching (batching), the error type
+(errors) and the command lines' helpers (cliutil).
 
 Imports flow one way: moses_rnn -> mtcommon <- cslm. Nothing here imports either package.
 """

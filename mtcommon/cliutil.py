@@ -166,7 +166,7 @@ class RegistryChoice(click.Choice):
 def write_text(path: str, text: str, inputs: Iterable[str | None] = ()) -> None:
     """A command's report (Markdown, JSON) into file `path`, atomically, or onto stdout for '-': UTF-8,
     never gzip-compressed. `path` must not be one of `inputs`."""
-    from .textio import atomic_output
+    from .outputs import atomic_output
 
     with atomic_output(path, compress=False, inputs=inputs) as out:
         out.write(text.encode("utf-8"))

@@ -35,7 +35,8 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import UserError
 from .finite import all_finite
-from .textio import InputError, atomic_output
+from .textio import InputError
+from .outputs import atomic_output
 from .vocab import Vocabulary
 
 CONFIG, WEIGHTS, CHECKPOINT = "config.json", "model.safetensors", "checkpoint.pt"

@@ -94,7 +94,7 @@ def top(path: str, output: str, n: int) -> tuple[int, int]:
     """The first `n` hypotheses of each sentence of the list `path` into `output` (atomically; gzip if it
     ends in .gz), every kept line byte for byte: a Moses list holds each sentence's hypotheses best first,
     so this is its n-best list. Returns (lines read, lines kept)."""
-    from .textio import atomic_output
+    from .outputs import atomic_output
 
     if n < 1:
         raise UserError(f"need n >= 1 hypotheses per sentence, got {n}")

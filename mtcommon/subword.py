@@ -30,7 +30,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import UserError
-from .textio import InputError, atomic_output
+from .textio import InputError
+from .outputs import atomic_output
 from .vocab import EOS, UNK, Vocabulary
 
 # The training options every model is learned with (sentencepiece's names), besides its size.

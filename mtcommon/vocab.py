@@ -113,7 +113,7 @@ class Vocabulary:
         return hashlib.sha256(self.to_text().encode("utf-8")).hexdigest()
 
     def save(self, path: str) -> None:
-        from .textio import atomic_output
+        from .outputs import atomic_output
 
         with atomic_output(path, compress=False) as f:
             f.write(self.to_text().encode("utf-8"))

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from mtcommon.errors import UserError
-from mtcommon.textio import atomic_output, iter_lines
+from mtcommon.textio import iter_lines
+from mtcommon.outputs import atomic_output
 
 
 def write_lines(path: str, lines) -> int:

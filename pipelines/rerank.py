@@ -20,7 +20,7 @@ from pathlib import Path
 from moses_rnn.formats.mosesini import MosesIni
 from mtcommon import nbest
 from mtcommon.errors import UserError
-from mtcommon.textio import atomic_output
+from mtcommon.outputs import atomic_output
 
 
 def read_weights(path: str) -> dict[str, float]:

@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 
 from mtcommon.errors import UserError
-from mtcommon.textio import atomic_output
+from mtcommon.outputs import atomic_output
 
 from files import read_lines, read_result
 from health import dev_bleu_curves, tuning_health

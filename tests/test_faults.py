@@ -438,7 +438,8 @@ def test_the_projects_errors_are_one_type():
     from moses_rnn.formats.mosesini import IniError
     from mtcommon.errors import UserError
     from mtcommon.modeldir import ModelError
-    from mtcommon.textio import InputError, atomic_output, iter_lines  # noqa: F401 (pipelines/mt.py's import)
+    from mtcommon.textio import InputError, iter_lines  # noqa: F401 (pipelines/mt.py's import
+    from mtcommon.outputs import atomic_output
 
     assert issubclass(InputError, UserError) and issubclass(IniError, UserError) and issubclass(ModelError, InputError)
     assert issubclass(UserError, ValueError)  # callers that catch ValueError (pipelines/mt.py) still catch them

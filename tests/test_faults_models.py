@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from mtcommon import modeldir
 from mtcommon.finite import NonFiniteScores, check_finite
 from mtcommon.modeldir import CHECKPOINT, CONFIG, WEIGHTS, ModelError
-from mtcommon.textio import _host_tag
+from mtcommon.outputs import _host_tag
 from test_faults import (assert_one_line_error, copy_model, edit_weights, invoke, run, text,  # noqa: F401
                          tiny_cslm)
 

@@ -599,7 +599,7 @@ def test_a_torchrun_rank_killed_outright_leaves_no_part_file(tmp_path, example_t
     """A part file left by an earlier run killed outright (its process gone) is removed when the next run
     starts; when a rank of that run is killed with SIGKILL, the run fails and the survivors remove the dead
     rank's part too: nothing is left beside the previous output, which is untouched."""
-    from mtcommon.textio import _host_tag
+    from mtcommon.outputs import _host_tag
 
     table = random_table(example_table, tmp_path / "table.txt", 200_000)
     out = tmp_path / "out.gz"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from moses_rnn.formats.phrasetable import format_columns, parse_line, parse_window, read_phrase_table, split_lines
-from mtcommon.textio import InputError, atomic_output, iter_line_blocks
+from mtcommon.textio import InputError, iter_line_blocks
+from mtcommon.outputs import atomic_output
 
 
 def write(tmp_path, text, name="t.txt", mode="w"):

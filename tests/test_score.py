@@ -346,7 +346,7 @@ def test_window_parser_takes_the_fast_path_on_a_real_table(example_table, monkey
 def test_gzip_output_is_a_function_of_the_text(tmp_path):
     """The compressed bytes do not depend on how the text was cut into writes (what lets a sharded run
     reproduce a single-process run's .gz exactly)."""
-    from mtcommon.textio import atomic_output
+    from mtcommon.outputs import atomic_output
 
     text = b"".join(b"line %d ||| ligne %d ||| 0.5 1\n" % (i, i) for i in range(200_000))
     outs = []

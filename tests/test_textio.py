@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from moses_rnn.formats.phrasetable import read_phrase_table
-from mtcommon import textio
-from mtcommon.textio import InputError, atomic_output, iter_line_blocks, iter_lines
+from mtcommon import outputs
+from mtcommon.textio import InputError, iter_line_blocks, iter_lines
+from mtcommon.outputs import atomic_output
 
 LINES = [f"source {i} ||| cible {i} ||| 0.5 0.25\n" for i in range(60000)]
 
@@ -78,12 +79,12 @@ def test_temporary_name_carries_host_and_pid(tmp_path):
     with atomic_output(str(out)) as f:
         f.write(b"x\n")
         tmp = temporaries(tmp_path)[0]
-        assert tmp.startswith(f".out.gz.{textio._host_tag()}-{os.getpid()}.") and tmp.endswith(".tmp")
+        assert tmp.startswith(f".out.gz.{outputs._host_tag()}-{os.getpid()}.") and tmp.endswith(".tmp")
     assert temporaries(tmp_path) == []
 
 
 def test_stale_temporaries_of_dead_runs_are_removed_live_ones_kept(tmp_path):
-    host = textio._host_tag()
+    host = outputs._host_tag()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -112,7 +113,7 @@ def test_kill_9_leftover_is_removed_by_the_next_run(tmp_path):
     out = tmp_path / "out.gz"
     out.write_bytes(gzip.compress(b"previous\n"))
     code = ("import sys, time\n"
-            "from mtcommon.textio import atomic_output\n"
+            "from mtcommon.outputs import atomic_output\n"
             f"with atomic_output({str(out)!r}) as f:\n"
             "    f.write(b'partial ' * 10000)\n"
             "    print('writing', flush=True)\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from mtcommon.cliutil import (DEVICE, MODEL_DIR, QUIET, SEED, Number, fail_cleanly, require_model_dir, stacked)
-from mtcommon.textio import check_paths
+from mtcommon.outputs import check_paths
 
 
 def _sources(phrases, input_file) -> list[str]:

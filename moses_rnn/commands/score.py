@@ -7,7 +7,7 @@ import click
 
 from mtcommon.cliutil import (DEVICE, MODEL_DIR, QUIET, THREADS, device_option, fail_cleanly, feature_name,
                               require_model_dir)
-from mtcommon.textio import check_paths
+from mtcommon.outputs import check_paths
 
 
 def default_output(table: str, suffix: str = "rnn") -> str:

@@ -158,7 +158,7 @@ class MosesIni:
         return text + self.newline if self.trailing_newline and self.lines else text
 
     def write(self, path: str) -> None:
-        from mtcommon.textio import atomic_output
+        from mtcommon.outputs import atomic_output
 
         with atomic_output(path, compress=False) as out:
             out.write(self.render().encode("utf-8"))

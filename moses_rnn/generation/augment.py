@@ -44,7 +44,8 @@ import numpy as np
 from tqdm import tqdm
 
 from mtcommon.errors import UserError
-from mtcommon.textio import atomic_output, iter_lines
+from mtcommon.textio import iter_lines
+from mtcommon.outputs import atomic_output
 
 from ..formats.lexical import LexicalTable
 from ..formats.phrasetable import (LOG_FLOOR, check_fields, check_phrase_lengths, empty_table_error, phrase_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tqdm import tqdm
 
 from mtcommon.batching import batches
-from mtcommon.textio import atomic_output
+from mtcommon.outputs import atomic_output
 
 from .generate import Generator
 

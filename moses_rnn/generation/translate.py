@@ -4,7 +4,7 @@
 non-empty lines by length so that a batch holds sources of similar length (less
 padding, and a batch's beam search ends when its longest source does), decodes them
 with `Generator.beam_search`, and writes the window back in input order. An empty
-line gives an empty line. The output is written atomically (`mtcommon.textio`): a
+line gives an empty line. The output is written atomically (`mtcommon.outputs`): a
 failed run leaves no partial file.
 
 With `replace_unk`, each `[UNK]` of a translation is replaced by the source word its
@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from mtcommon.batching import batches
 from mtcommon.errors import UserError
-from mtcommon.textio import atomic_output, iter_lines
+from mtcommon.textio import iter_lines
+from mtcommon.outputs import atomic_output
 from mtcommon.vocab import UNK
 
 from .generate import Generator, Hypothesis

@@ -19,7 +19,8 @@ from tqdm import tqdm
 
 from mtcommon import nbest
 from mtcommon.finite import check_finite
-from mtcommon.textio import InputError, atomic_output, iter_lines
+from mtcommon.textio import InputError, iter_lines
+from mtcommon.outputs import atomic_output
 
 from ..formats.phrasetable import phrase_key
 from .scorer import PhraseScorer

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import Distributed
-from mtcommon.textio import (InputError, after_newlines, atomic_output, count_lines, count_newlines, is_gzip,
-                             iter_line_blocks, remove_stale_temporaries, sibling_temporary)
+from mtcommon.textio import InputError, after_newlines, count_lines, count_newlines, is_gzip, iter_line_blocks
+from mtcommon.outputs import atomic_output, remove_stale_temporaries, sibling_temporary
 
 from ..formats.phrasetable import Window
 from .pool import WindowPool

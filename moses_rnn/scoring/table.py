@@ -13,7 +13,8 @@ from tqdm import tqdm
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import Distributed, configure_threads, cpu_count, is_big, resolve_device
-from mtcommon.textio import atomic_output, count_lines, iter_line_blocks
+from mtcommon.textio import count_lines, iter_line_blocks
+from mtcommon.outputs import atomic_output
 
 from ..formats.phrasetable import Window
 from .pool import WindowPool
