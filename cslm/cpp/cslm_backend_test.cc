@@ -13,12 +13,11 @@
 
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cslm_backend.h"
+#include "cslm_test_input.h"
 
 int main(int argc, char** argv) {
   float floor = -100.0f;
@@ -57,26 +56,12 @@ int main(int argc, char** argv) {
     const cslm::ModelFacts& facts = backend->facts();
     std::cerr << "model " << backend->Where() << ": order " << facts.order << ", " << facts.words.size() << " words"
               << std::endl;
-    std::unordered_map<std::string, uint32_t> ids;
-    for (size_t i = 0; i < facts.words.size(); ++i) ids[facts.words[i]] = static_cast<uint32_t>(i);
     std::vector<uint32_t> flat;
-    std::string line;
-    size_t count = 0;
-    while (std::getline(std::cin, line)) {
-      std::istringstream in(line);
-      std::vector<uint32_t> g;
-      std::string w;
-      while (in >> w) {
-        std::unordered_map<std::string, uint32_t>::const_iterator it = ids.find(w);
-        g.push_back(it == ids.end() ? facts.unk : it->second);
-      }
-      if (g.empty() || g.size() > facts.order) {
-        std::cerr << "line " << count + 1 << ": expected 1.." << facts.order << " words" << std::endl;
-        return 1;
-      }
-      flat.insert(flat.end(), facts.order - g.size(), facts.bos);
-      flat.insert(flat.end(), g.begin(), g.end());
-      ++count;
+    std::string error;
+    const size_t count = cslm::ReadNgrams(std::cin, facts.words, facts.order, facts.bos, facts.unk, &flat, &error);
+    if (!error.empty()) {
+      std::cerr << error << std::endl;
+      return 1;
     }
     std::unique_ptr<cslm::Backend::Session> session(backend->NewSession());
     std::vector<float> lp(count);

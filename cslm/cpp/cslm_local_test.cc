@@ -12,12 +12,11 @@
 
 #include <chrono>
 #include <iostream>
-#include <sstream>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "cslm_local.h"
+#include "cslm_test_input.h"
 
 int main(int argc, char** argv) {
   if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--bench")) {
@@ -26,26 +25,12 @@ int main(int argc, char** argv) {
   }
   try {
     cslm::LocalModel lm(argv[1]);
-    std::unordered_map<std::string, uint32_t> ids;
-    for (size_t i = 0; i < lm.vocab_size(); ++i) ids[lm.vocabulary()[i]] = static_cast<uint32_t>(i);
     std::vector<uint32_t> flat;
-    std::string line;
-    size_t count = 0;
-    while (std::getline(std::cin, line)) {
-      std::istringstream in(line);
-      std::vector<uint32_t> g;
-      std::string w;
-      while (in >> w) {
-        std::unordered_map<std::string, uint32_t>::const_iterator it = ids.find(w);
-        g.push_back(it == ids.end() ? lm.unk_id() : it->second);
-      }
-      if (g.empty() || g.size() > lm.order()) {
-        std::cerr << "line " << count + 1 << ": expected 1.." << lm.order() << " words" << std::endl;
-        return 1;
-      }
-      flat.insert(flat.end(), lm.order() - g.size(), lm.bos_id());
-      flat.insert(flat.end(), g.begin(), g.end());
-      ++count;
+    std::string error;
+    const size_t count = cslm::ReadNgrams(std::cin, lm.vocabulary(), lm.order(), lm.bos_id(), lm.unk_id(), &flat, &error);
+    if (!error.empty()) {
+      std::cerr << error << std::endl;
+      return 1;
     }
     cslm::LocalModel::Scratch scratch;
     if (argc == 2) {
