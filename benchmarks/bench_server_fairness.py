@@ -1,0 +1,118 @@
+"""One client floods `cslm serve`, another asks once: the other's wait, and what the server's memory grows by.
+
+    python benchmarks/bench_server_fairness.py MODEL_DIR [--frames 60] [--ngrams 200000]
+
+A `cslm serve` child process (n-gram cache off). The flooding client pipelines --frames SCORE
+frames of --ngrams random n-grams each and reads no reply until the end; once it has sent what
+the server takes, another client sends one SCORE request of 16 n-grams and times the answer.
+Target: the other client answered within 1 s. Target: the server's peak resident memory above its
+warm size (after two frames of the same size were scored, so that the engine's working memory is
+counted before the flood) no more than its per-connection byte cap (`--max-conn-bytes`, two frames
+by default). Options it does not know go to `cslm serve` (`--max-pending 4`, say). Prints a JSON report (and writes it with --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from common import emit
+
+from cslm import protocol as P
+from cslm.client import Client
+
+
+def rss_kib(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def start_server(model_dir: str, extra: list[str]) -> tuple[subprocess.Popen, int]:
+    folder = tempfile.mkdtemp(prefix="fairness-")
+    port_file = os.path.join(folder, "port")
+    proc = subprocess.Popen([sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file",
+                             port_file, "--cache-size", "0", "--device", "cpu", *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(port_file):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"bench_server_fairness: the server did not start: {proc.communicate()[1].strip()}")
+        time.sleep(0.05)
+    return proc, int(open(port_file).read())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--frames", type=int, default=60, help="SCORE frames the flooding client pipelines")
+    ap.add_argument("--ngrams", type=int, default=200000, help="n-grams per flooding frame")
+    ap.add_argument("--probes", type=int, default=5, help="single requests timed, one after another")
+    ap.add_argument("--json", help="also write the report here")
+    args, extra = ap.parse_known_args()
+
+    proc, port = start_server(args.model_dir, extra)
+    try:
+        rng = np.random.default_rng(1)
+        with Client("127.0.0.1", port, timeout=120) as warm:
+            order, vocab = warm.info["order"], warm.info["vocab_size"]
+            max_frame = warm.info["max_frame_bytes"]
+            grams = rng.integers(0, vocab, (args.ngrams, order)).astype(np.int32)
+            frame = P.frame(P.SCORE, 0, P.encode_score(grams))
+            if len(frame) - P.HEADER_SIZE > max_frame:
+                sys.exit(f"bench_server_fairness: {args.ngrams} n-grams exceed the frame limit ({max_frame} bytes)")
+            warm.score(grams)  # the engine's working memory for a frame, before the flood
+            warm.score(grams)
+        idle = rss_kib(proc.pid, "VmRSS")
+
+        flood = socket.create_connection(("127.0.0.1", port))
+        flood.sendall(P.frame(P.HELLO, 1, P.encode_hello()))
+        sent = threading.Event()
+
+        def send_all() -> None:  # blocks once the server stops reading this connection (its caps)
+            try:
+                for _ in range(args.frames):
+                    flood.sendall(frame)
+            except OSError:
+                pass
+            sent.set()
+
+        sender = threading.Thread(target=send_all, daemon=True)
+        sender.start()
+        time.sleep(2.0)  # the flood fills what the server takes from it
+        small = rng.integers(0, vocab, (16, order)).astype(np.int32)
+        waits = []
+        with Client("127.0.0.1", port, timeout=120) as other:
+            for _ in range(args.probes):
+                t0 = time.perf_counter()
+                other.score(small)
+                waits.append(time.perf_counter() - t0)
+                time.sleep(0.2)
+        peak = rss_kib(proc.pid, "VmHWM")
+        flood.close()
+        sender.join(5)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    cap = 2 * max_frame  # --max-conn-bytes' default: two frames
+    report = {
+        "frames": args.frames, "ngrams_per_frame": args.ngrams, "frame_bytes": len(frame),
+        "other_client_wait_s": {"median": float(np.median(waits)), "max": max(waits), "all": waits},
+        "target_wait_s": 1.0, "wait_ok": max(waits) <= 1.0,
+        "server_rss_idle_mib": idle / 1024, "server_rss_peak_mib": peak / 1024,
+        "growth_mib": (peak - idle) / 1024, "per_connection_cap_mib": cap / 2**20,
+        "flood_bytes_mib": args.frames * len(frame) / 2**20,
+    }
+    emit(report, args.json)
+
+
+if __name__ == "__main__":
+    main()

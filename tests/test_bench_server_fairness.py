@@ -1,0 +1,24 @@
+"""benchmarks/bench_server_fairness.py runs end to end on a tiny model (its figures are the benchmark's to judge)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from test_cslm import cslm_corpus, cslm_model  # noqa: F401 (fixtures)
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_server_fairness.py"
+
+
+def test_the_fairness_benchmark_reports_the_wait_and_the_growth(cslm_model, tmp_path):  # noqa: F811
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), str(cslm_model), "--frames", "4", "--ngrams", "2000",
+                        "--probes", "2", "--json", str(out), "--max-pending", "2"],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(out.read_text())
+    assert len(report["other_client_wait_s"]["all"]) == 2 and report["other_client_wait_s"]["max"] > 0
+    assert report["server_rss_peak_mib"] >= report["server_rss_idle_mib"] > 0
+    assert report["flood_bytes_mib"] == 4 * report["frame_bytes"] / 2**20
