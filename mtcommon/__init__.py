@@ -1,5 +1,5 @@
 """What moses_rnn and cslm share: streaming text input (textio) and safe outputs (outputs), the
-run-time policy (runtime), the model-directory format (modeldir), the training loop (trainer),
+run-time policy (runtime), the model-directory format (modeldir), the training loop (trainer) and its checkpoints (checkpoint),
 vocabularies (vocab), score strings as Moses reads them (scores), n-best lists (nbest), feature
 names (features), the one finiteness check (finite), window batching (batching), the error type
 (errors) and the command lines' helpers (cliutil).

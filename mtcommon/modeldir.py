@@ -283,7 +283,7 @@ def save_checkpoint(model_dir: str, state: dict) -> None:
 
 
 def load_checkpoint(model_dir: str) -> object:
-    """What `save_checkpoint` wrote (`mtcommon.trainer.Checkpoint` reads its layout);
+    """What `save_checkpoint` wrote (`mtcommon.checkpoint.Checkpoint` reads its layout);
     `weights_only` loading runs no code from the file."""
     path = os.path.join(model_dir, CHECKPOINT)
     if not os.path.exists(path):

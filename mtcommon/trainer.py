@@ -17,9 +17,9 @@ written once:
 - held-out perplexity every `eval_every` steps, the best weights kept,
   optional early stopping after `patience` evaluations without improvement;
 - one model directory, one run: a directory that holds a model is continued
-  (`resume`: on the data it trained on, with the options it was started with;
-  options given again that differ from them are refused, naming them) or
-  replaced (`overwrite`), never overwritten unasked;
+  (`resume`: on the data it trained on, with the options it was started with,
+  as `mtcommon.checkpoint` rules) or replaced (`overwrite`), never
+  overwritten unasked;
 - the `max_steps` / `max_minutes` limits, both over the whole training (a
   resumed run gets what an interrupted one left), and the learning-rate
   schedule over them (`lr_factor`: constant, as the papers train, or decaying
@@ -33,61 +33,20 @@ Each hook's contract is in its docstring.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import stat
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from tqdm import tqdm
 
 from . import modeldir
+from .checkpoint import Checkpoint, Evaluation, LoopState, fingerprints, resumed_config
 from .errors import UserError
 from .runtime import (Distributed, Stopwatch, ThreadTuner, amp_dtype, autocast, choose_threads, dtype_name,
                       probe_dtype, resolve_device)
-
-# Fields of a training config that a resumed run takes from the command line
-# rather than from the checkpoint: they say how long and where to run, not what.
-# `dtype` too, when given as bf16 or fp32; 'auto' keeps the checkpoint's (`Trainer.__init__`).
-# Every other field given again must equal the checkpoint's.
-RUN_CONTROL = ("max_steps", "max_minutes", "max_epochs", "device", "threads", "dtype")
-
-
-def fingerprint(path: str) -> list | None:
-    """[size, sha256] of a regular file's bytes: the same data wherever it lies, whatever its name.
-    None for anything else (a pipe, read once, cannot be read again to compare)."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
-    except OSError:
-        return None  # the run that reads it reports it, in its own words
-    return [os.path.getsize(path), digest.hexdigest()]
-
-
-def _paths(value) -> list[str]:
-    """A config field's file names: one path, a pair (SRC TGT), or none."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _plain(value):
-    """A config value as the command line gives it and as checkpoint.pt gives it back (tuples come back as lists)."""
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _option(name: str, value) -> str:
-    """A config field as the command-line option that sets it: `--batch-size 64`."""
-    shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
-    return f"--{name.replace('_', '-')} {shown}"
-
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -127,81 +86,6 @@ class Schedule:
     limit: str = "max_steps"  # the option max_steps comes from, what the summary's `stopped` says it reached
 
 
-@dataclass
-class Evaluation:
-    """One held-out evaluation of a run: its perplexity after `step` steps."""
-
-    step: int
-    train_seconds: float  # time in training steps so far (start-up and evaluation excluded)
-    examples_seen: int  # rows of the global batches trained on so far
-    valid_ppl: float
-
-
-@dataclass
-class LoopState:
-    """The loop's counters: what a resumed run needs besides the weights, the optimiser and the config."""
-
-    step: int = 0  # steps done
-    best_valid_ppl: float = math.inf
-    since_best: int = 0  # evaluations since the best one (early stopping)
-    history: list[Evaluation] = field(default_factory=list)
-    train_seconds: float = 0.0
-    examples_seen: int = 0
-    saved: bool = False  # whether model.safetensors has been written
-    # wall-clock seconds of the runs so far, start-up excluded, up to the last checkpoint: what
-    # max_minutes counts, so a resumed run gets the rest of the budget, not a new one
-    wall_seconds: float = 0.0
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LoopState":
-        """The state `asdict` wrote; unknown keys refused, missing ones default (`modeldir.from_fields`)."""
-        state = modeldir.from_fields(cls, d)
-        if not isinstance(state.history, list):
-            raise UserError("`history` is not a list")
-        state.history = [modeldir.from_fields(Evaluation, e) for e in state.history]
-        return state
-
-
-@dataclass
-class Checkpoint:
-    """MODEL_DIR/checkpoint.pt: the latest training state, for --resume and a run's perplexity history.
-
-    Stored as a dict of plain values (tensors, numbers, strings, lists, dicts), which
-    torch.load(weights_only=True) reads back without running code from the file.
-    """
-
-    model: dict  # parameter name -> tensor
-    optimizer: dict  # the optimiser's state_dict()
-    loop: LoopState
-    train_config: dict  # the training config's fields (asdict)
-    # the fingerprints of the files the run reads (`fingerprint`): "data", and each path field of the config
-    # (`Trainer.path_fields`); None in checkpoints written before they were kept
-    inputs: dict | None = None
-
-    def save(self, model_dir: str) -> None:
-        """Write the file atomically (`modeldir.save_checkpoint`)."""
-        modeldir.save_checkpoint(model_dir, {"model": self.model, "optimizer": self.optimizer,
-                                             "loop": asdict(self.loop), "train_config": self.train_config,
-                                             "inputs": self.inputs})
-
-    @classmethod
-    def load(cls, model_dir: str) -> "Checkpoint":
-        """The file `save` wrote; a damaged file or another layout is a ModelError naming it."""
-        state = modeldir.load_checkpoint(model_dir)
-        try:
-            checkpoint = modeldir.from_fields(cls, state)
-            for name in ("model", "optimizer", "train_config"):
-                if not isinstance(getattr(checkpoint, name), dict):
-                    raise UserError(f"`{name}` is not a dict")
-            if checkpoint.inputs is not None and not isinstance(checkpoint.inputs, dict):
-                raise UserError("`inputs` is not a dict")
-            checkpoint.loop = LoopState.from_dict(checkpoint.loop)
-        except UserError as e:
-            raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
-                                      f"not a training checkpoint of this version ({e})") from None
-        return checkpoint
-
-
 class Trainer(ABC):
     """Train (or resume) one model into `model_dir`; `run()` returns the summary.
 
@@ -234,27 +118,11 @@ class Trainer(ABC):
         if resume and overwrite:
             raise UserError("give one of --resume (continue the run in the model directory) and --overwrite "
                             "(start afresh)")
-        inputs = self._inputs(cfg)
+        inputs = fingerprints(self.data_paths(cfg), cfg, self.path_fields)
         if resume:
             self.checkpoint = Checkpoint.load(model_dir)
-            try:
-                saved = modeldir.from_fields(type(cfg), self.checkpoint.train_config)
-            except ValueError as e:  # unknown fields, an unknown recipe
-                raise modeldir.ModelError(os.path.join(model_dir, modeldir.CHECKPOINT),
-                                          f"its train_config does not fit this version ({e})") from None
-            self._check_resume(cfg, saved, inputs, given)
-            if self.checkpoint.inputs is not None:
-                inputs = self.checkpoint.inputs
-            kept = getattr(saved, "dtype", None)  # the dtype the run chose (stored resolved: bf16 or fp32)
-            for name in RUN_CONTROL:
-                if hasattr(cfg, name) and (given is None or name in given):
-                    setattr(saved, name, getattr(cfg, name))
-            if getattr(cfg, "dtype", None) == "auto" and kept is not None:
-                # not probed again: the probe might choose the other dtype, and the run would not go on
-                # as the interrupted one would have (a checkpoint written before the choice was stored
-                # holds 'auto', and is probed again)
-                saved.dtype = kept
-            cfg = saved
+            cfg, inputs = resumed_config(self.checkpoint, model_dir, cfg, inputs, given, self.data_paths(cfg),
+                                         self.data_fields, self.path_fields)
         else:
             held = [name for name in (modeldir.CHECKPOINT, modeldir.CONFIG, modeldir.WEIGHTS)
                     if os.path.exists(os.path.join(model_dir, name))]
@@ -290,48 +158,6 @@ class Trainer(ABC):
     def check_config(self, cfg) -> None:
         """Refuse (UserError) a config that cannot run, once the checkpoint's fields are merged in on
         resume, before anything is read or written."""
-
-    def _inputs(self, cfg) -> dict:
-        """The fingerprints of the files the run with config `cfg` reads (`Checkpoint.inputs`)."""
-        inputs = {"data": [fingerprint(p) for p in self.data_paths(cfg)]}
-        for name in self.path_fields:
-            if getattr(cfg, name, None) is not None:
-                inputs[name] = [fingerprint(p) for p in _paths(getattr(cfg, name))]
-        return inputs
-
-    def _check_resume(self, cfg, saved, inputs: dict, given) -> None:
-        """Refuse, in one line naming them, data and options given for a resumed run that are not its own."""
-        where = os.path.join(self.model_dir, modeldir.CHECKPOINT)
-        stored = self.checkpoint.inputs or {}
-
-        def same_files(name: str, now: list) -> bool:
-            """Whether the files a field names now are those the run read: by their bytes where both
-            fingerprints are known; else, for an option, by its names, and the data passes (a pipe, or a
-            checkpoint that kept no fingerprints, cannot tell)."""
-            before = stored.get(name)
-            if before is not None and len(before) != len(now):
-                return False
-            if before is None or None in before or None in now:
-                return name == "data" or _plain(getattr(cfg, name)) == _plain(getattr(saved, name))
-            return before == now
-
-        if not same_files("data", inputs["data"]):
-            raise UserError(f"{' '.join(self.data_paths(cfg))} is not the data the run in {self.model_dir} trained "
-                            f"on: resume it on its own data, or give --overwrite to start afresh on this")
-        conflicts = []
-        for name in sorted(given or ()):
-            if name in RUN_CONTROL or name in self.data_fields or not hasattr(saved, name):
-                continue
-            if name in self.path_fields and getattr(cfg, name) is not None and getattr(saved, name) is not None:
-                same = same_files(name, inputs.get(name, []))
-            else:
-                same = _plain(getattr(cfg, name)) == _plain(getattr(saved, name))
-            if not same:
-                conflicts.append(f"{_option(name, getattr(cfg, name))} (the run's: {_plain(getattr(saved, name))})")
-        if conflicts:
-            raise UserError(f"{where}: {'; '.join(conflicts)}: a resumed run keeps the options it was started "
-                            f"with; leave {'them' if len(conflicts) > 1 else 'it'} out, or give --overwrite to "
-                            f"start afresh")
 
     # ---- hooks ------------------------------------------------------------
 

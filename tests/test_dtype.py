@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from mtcommon import runtime, trainer
 from mtcommon.errors import UserError
-from mtcommon.trainer import Checkpoint
+from mtcommon.checkpoint import Checkpoint
 
 BF16, FP32 = torch.bfloat16, None
 CPU = torch.device("cpu")

@@ -5,8 +5,9 @@ import math
 import pytest
 from click.testing import CliRunner
 
+from mtcommon.checkpoint import Checkpoint
 from mtcommon.errors import UserError
-from mtcommon.trainer import Checkpoint, lr_factor
+from mtcommon.trainer import lr_factor
 from tests.test_cslm import synthetic_corpus
 
 

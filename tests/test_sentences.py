@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from moses_rnn.cli import main
 from moses_rnn.training.train import TrainConfig, read_corpus_pairs, train
 from mtcommon.errors import UserError
-from mtcommon.trainer import Checkpoint
+from mtcommon.checkpoint import Checkpoint
 
 SOURCES = ["the house is small", "the car is red", "a big house", "the red car is new", "my house",
            "a small car", "the new house is big", "this car", "that red house is old", "the old car"]

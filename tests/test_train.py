@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from moses_rnn.cli import main
 from moses_rnn.networks.modelio import load_model
 from moses_rnn.training.train import TrainConfig, train
-from mtcommon.trainer import Checkpoint
+from mtcommon.checkpoint import Checkpoint
 
 
 def test_training_lowers_heldout_perplexity(tmp_path, example_table):

@@ -33,7 +33,7 @@ import torch
 from mtcommon.errors import UserError
 from mtcommon.textio import InputError
 from mtcommon.outputs import atomic_output
-from mtcommon.trainer import Checkpoint, Evaluation
+from mtcommon.checkpoint import Checkpoint, Evaluation
 
 from ..formats.phrasetable import PhrasePair, read_phrase_table, source_groups
 

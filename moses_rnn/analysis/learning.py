@@ -22,7 +22,7 @@ import numpy as np
 
 from mtcommon import modeldir
 from mtcommon.errors import UserError
-from mtcommon.trainer import Checkpoint
+from mtcommon.checkpoint import Checkpoint
 
 from ..networks import modelio
 from ..scoring.scorer import PhraseScorer, phrase_keys
