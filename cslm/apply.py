@@ -44,7 +44,8 @@ def _windows(path: str, size: int) -> Iterator[list[tuple[int, str]]]:
         yield window
 
 
-def fmt(x: float) -> str:
+def format_logprob(x: float) -> str:
+    """A log-probability as `cslm score` writes it: six decimals."""
     return f"{x:.6f}"
 
 
@@ -66,7 +67,7 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
                     if not 1 <= len(g) <= backend.order:
                         raise InputError(path, lineno, f"an n-gram needs 1..{backend.order} words, got {len(g)}")
                 logp, flags = backend.score_words(grams)
-                text = "".join(f"{fmt(lp)}\t{fl}\n" for lp, fl in zip(logp.tolist(), flags.tolist()))
+                text = "".join(f"{format_logprob(lp)}\t{fl}\n" for lp, fl in zip(logp.tolist(), flags.tolist()))
                 total += float(np.sum(logp, dtype=np.float64))
                 tokens += len(grams)
                 unknown += int(np.count_nonzero(flags & UNKNOWN))
@@ -75,9 +76,9 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
                 for lp, fl in backend.score_sentences([line.split() for _, line in win]):
                     s = float(np.sum(lp, dtype=np.float64))
                     u = int(np.count_nonzero(fl[:-1] & UNKNOWN))
-                    row = f"{fmt(s)}\t{u}\t{len(lp)}"
+                    row = f"{format_logprob(s)}\t{u}\t{len(lp)}"
                     if per_word:
-                        row += "\t" + " ".join(fmt(x) for x in lp.tolist())
+                        row += "\t" + " ".join(format_logprob(x) for x in lp.tolist())
                     parts.append(row + "\n")
                     total, tokens, unknown = total + s, tokens + len(lp), unknown + u
                 text = "".join(parts)

@@ -25,13 +25,9 @@ from mtcommon.errors import UserError
 from mtcommon.textio import iter_lines
 from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
+from .ngrams import sentence_ngrams
+
 RESERVED = (EOS, BOS, UNK)  # ids 0, 1, 2 in every CSLM vocabulary
-
-
-def sentence_ngrams(ids: list[int] | np.ndarray, order: int, bos: int, eos: int) -> np.ndarray:
-    """(len(ids)+1, order) int32 n-grams of one sentence, last column predicted."""
-    padded = np.concatenate([np.full(order - 1, bos, np.int32), np.asarray(ids, np.int32), np.array([eos], np.int32)])
-    return np.lib.stride_tricks.sliding_window_view(padded, order).copy()
 
 
 @dataclass

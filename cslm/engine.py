@@ -22,7 +22,7 @@ from mtcommon.runtime import resolve_device
 from mtcommon.vocab import BOS, EOS, Vocabulary
 
 from . import modeldir
-from .data import sentence_ngrams
+from .ngrams import left_pad, sentence_ngrams
 from .model import CSLM
 from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
 
@@ -243,15 +243,14 @@ class Engine:
         for i, g in enumerate(ngrams):
             if not 1 <= len(g) <= self.order:
                 raise ValueError(f"n-gram {i + 1} has {len(g)} words; allowed 1..{self.order}")
-            rows[i, self.order - len(g) :] = self.vocab.encode(g)
+            rows[i] = self.vocab.encode(left_pad(g, self.order, BOS))
         return rows
 
     def apply_backoff(self, ngrams: Sequence[Sequence[str]], logp: np.ndarray, flags: np.ndarray) -> None:
         """Replace the [UNK]-class value of unknown predicted words with the n-gram model's."""
         for i in np.flatnonzero(flags & UNKNOWN):
             g = ngrams[i]
-            history = [BOS] * (self.order - len(g)) + list(g[:-1])
-            logp[i] = self.backoff.logprob(history, g[-1])
+            logp[i] = self.backoff.logprob(left_pad(g, self.order, BOS)[:-1], g[-1])
             flags[i] |= BACKOFF
 
     def sentence_ngrams(self, words: Sequence[str]) -> np.ndarray:
@@ -278,8 +277,6 @@ class Engine:
             lz = log_z[at : at + len(r)] if log_z is not None else None
             at += len(r)
             if self.backoff is not None and fl.any():
-                words = [BOS] * (self.order - 1) + list(s) + [EOS]
-                grams = [words[j : j + self.order] for j in range(len(r))]
-                self.apply_backoff(grams, lp, fl)
+                self.apply_backoff(sentence_ngrams(s, self.order, BOS, EOS), lp, fl)
             out.append((lp, fl, lz))
         return out

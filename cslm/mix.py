@@ -30,6 +30,7 @@ import numpy as np
 from mtcommon.errors import UserError
 from mtcommon.vocab import BOS
 
+from .ngrams import left_pad
 from .protocol import BACKOFF, UNKNOWN
 
 if TYPE_CHECKING:
@@ -102,5 +103,5 @@ class MixedBackend:
 
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         lp, fl = self.inner.score_words(ngrams)
-        k = np.array([self.ngram.logprob([BOS] * (self.order - len(g)) + list(g[:-1]), g[-1]) for g in ngrams])
+        k = np.array([self.ngram.logprob(left_pad(g, self.order, BOS)[:-1], g[-1]) for g in ngrams])
         return mix(lp, fl, k, self.weight).astype(np.float32), fl

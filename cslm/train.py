@@ -17,12 +17,10 @@ Noise-contrastive estimation (`objective="nce"`, beside the paper's softmax; Mni
 Vaswani et al. 2013, as NPLM trains the LMs Moses loads): instead of normalising over the
 shortlist, each update tells the observed word from `noise_samples` words drawn from the
 training unigram distribution q, the model's unnormalised score o_w standing for ln P(w | h)
-(Z fixed at 1). The output layer costs k+1 rows an n-gram instead of V: an update of the
-`small` preset (V = 10,000, k = 100) took about a seventh of the softmax's time (one thread,
-bfloat16, a 2-core AMD EPYC with AVX-512 BF16, measured beside running tunings: indicative only).
-The model is self-normalised by construction, and decoders use o_w as they do after `self_norm`
-training. Held-out perplexity stays exact. In the same 35 minutes it ended at 40.4 held-out perplexity
-on the shared corpus against the softmax's 29.1 (docs/cslm.md): an option, not the default.
+(Z fixed at 1). The output layer costs k+1 rows an n-gram instead of V. The model is
+self-normalised by construction, and decoders use o_w as they do after `self_norm` training.
+Held-out perplexity stays exact. It is an option, not the default: what it gave at the
+pipeline's budget is in docs/cslm.md ("Training").
 
 Self-normalisation (Devlin et al., 2014, Sec. 2.1): `self_norm` = alpha adds
 alpha * (log Z(h))^2 to each n-gram's loss, Z(h) the softmax normaliser of its
@@ -32,8 +30,8 @@ perplexity is always measured with the exact softmax. The held-out set is 0.1% o
 the *sentences* (at least one), so no held-out n-gram shares a sentence with a
 training n-gram; `valid_text` measures held-out perplexity on another text instead
 (the held-out sentences still stay out of training), so that early stopping and the
-best weights follow the test's domain: on the shared corpus, past about 7,000 updates
-the held-out sentences keep improving while the news test set gets worse (docs/cslm.md). An "epoch" is one pass over the training n-grams unless
+best weights follow the test's domain, where a longer run can fit the training domain
+at the test domain's expense (docs/cslm.md). An "epoch" is one pass over the training n-grams unless
 `epoch_ngrams` makes it shorter (useful on large corpora: evaluation,
 checkpointing and early stopping then happen every `epoch_ngrams` n-grams).
 """
