@@ -44,14 +44,42 @@ def _windows(path: str, size: int) -> Iterator[list[tuple[int, str]]]:
         yield window
 
 
+def _sentence_windows(path: str, size: int, source: str | None, alignment: str | None
+                      ) -> Iterator[tuple[list[list[str]], dict]]:
+    """The sentences of `path`, `size` at a time, with what `score_sentences` needs beside them: nothing for
+    a target-only model; a joint model's source sentences and alignments (`cslm.data.iter_sentences`: the
+    three files read in step, a bad line an InputError naming its file and line)."""
+    from .data import SourceSide, iter_sentences
+
+    side = SourceSide(source, alignment) if source is not None or alignment is not None else None
+    if side is not None and (source is None or alignment is None):
+        raise UserError("a joint model scores a target text with --source and --alignment together: give both")
+    window: list = []
+    for item in iter_sentences(path, side):
+        window.append(item)
+        if len(window) >= size:
+            yield _split(window, side)
+            window = []
+    if window:
+        yield _split(window, side)
+
+
+def _split(window: list, side) -> tuple[list[list[str]], dict]:
+    sents = [words for _, words, _, _ in window]
+    if side is None:
+        return sents, {}
+    return sents, {"sources": [src for _, _, src, _ in window], "alignments": [links for _, _, _, links in window]}
+
+
 def format_logprob(x: float) -> str:
     """A log-probability as `cslm score` writes it: six decimals."""
     return f"{x:.6f}"
 
 
 def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, per_word: bool = False,
-               window: int = 2000, progress: bool = True) -> dict:
-    """Write one line per input line.
+               window: int = 2000, progress: bool = True, source: str | None = None,
+               alignment: str | None = None) -> dict:
+    """Write one line per input line (a joint model: with the `source` text and the `alignment`).
 
     Sentence mode: `<sum of ln P over the words and </s>>\\t<unknown words>\\t<tokens scored>`
     (+ `\\t<ln P of each token>` with per_word). N-gram mode (each line 1..order
@@ -59,8 +87,12 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
     """
     lines = tokens = unknown = 0
     total = 0.0
-    with atomic_output(output, inputs=[path]) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
-        for win in _windows(path, window):
+    if ngrams and (source is not None or alignment is not None):
+        raise UserError("n-gram lines carry no source window: a joint model scores sentences with their source")
+    batches = _windows(path, window) if ngrams else _sentence_windows(path, window, source, alignment)
+    inputs = [p for p in (path, source, alignment) if p is not None]
+    with atomic_output(output, inputs=inputs) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+        for win in batches:
             if ngrams:
                 grams = [line.split() for _, line in win]
                 for (lineno, _), g in zip(win, grams):
@@ -72,8 +104,9 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
                 tokens += len(grams)
                 unknown += int(np.count_nonzero(flags & UNKNOWN))
             else:
+                win, extra = win
                 parts = []
-                for lp, fl in backend.score_sentences([line.split() for _, line in win]):
+                for lp, fl in backend.score_sentences(win, **extra):
                     s = float(np.sum(lp, dtype=np.float64))
                     u = int(np.count_nonzero(fl[:-1] & UNKNOWN))
                     row = f"{format_logprob(s)}\t{u}\t{len(lp)}"
@@ -104,8 +137,10 @@ def _name(backend: Backend) -> str:
 
 
 def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = None, window: int = 2000,
-               progress: bool = True, log_z: bool = False, mix_weight: float | None = None) -> dict:
-    """Per-token perplexity (every word and </s>, natural log) of a tokenized text.
+               progress: bool = True, log_z: bool = False, mix_weight: float | None = None,
+               source: str | None = None, alignment: str | None = None) -> dict:
+    """Per-token perplexity (every word and </s>, natural log) of a tokenized text (a joint model's: with
+    its `source` text and `alignment`).
 
     `cslm` counts every token; an unknown word costs ln P([UNK] | h) in unk
     mode. `cslm_in_shortlist` only counts tokens whose word is in the shortlist.
@@ -138,10 +173,9 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
 
         check_weight(mix_weight)
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
-        for win in _windows(path, window):
-            sents = [line.split() for _, line in win]
-            scored = backend.score_sentences_log_z(sents) if log_z else \
-                [(lp, fl, None) for lp, fl in backend.score_sentences(sents)]
+        for sents, extra in _sentence_windows(path, window, source, alignment):
+            scored = backend.score_sentences_log_z(sents, **extra) if log_z else \
+                [(lp, fl, None) for lp, fl in backend.score_sentences(sents, **extra)]
             for s, (lp, fl, lz) in zip(sents, scored):
                 inside = (fl & UNKNOWN) == 0
                 if lz is not None:
@@ -165,8 +199,8 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
                         m = mix(lp, fl, kl, mix_weight)
                         m_all += float(m.sum())
                         m_in += float(m[inside].sum())
-            sentences += len(win)
-            bar.update(len(win))
+            sentences += len(sents)
+            bar.update(len(sents))
     if n_all == 0:  # exp(0) = 1 would read as a perfect model
         raise InputError(path, None, "no sentences to evaluate (the text is empty)")
     res = {

@@ -94,9 +94,10 @@ class MixedBackend:
         self.inner, self.ngram, self.weight = inner, ngram, check_weight(weight)
         self.order = inner.order
 
-    def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def score_sentences(self, sentences: Sequence[Sequence[str]], **source) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`source`: a joint model's sources and alignments (`Engine.score_sentences`), for the network only."""
         out = []
-        for s, (lp, fl) in zip(sentences, self.inner.score_sentences(sentences)):
+        for s, (lp, fl) in zip(sentences, self.inner.score_sentences(sentences, **source)):
             k = self.ngram.sentence_logprobs(s)
             out.append((mix(lp, fl, k, self.weight).astype(np.float32), fl))
         return out
