@@ -6,7 +6,8 @@ history padded with `<s>` at the sentence start. Blank lines are skipped.
 
 The corpus is read twice up front (shortlist counts, then held-out n-grams) and
 once per training pass; n-grams go through a bounded shuffle buffer (default
-2M n-grams, 56 MB), so memory does not grow with the corpus. A corpus made of
+2M rows of n int32 ids, 56 MB at n = 7; a joint model's rows hold n + m ids, 120 MB at 4 + 11),
+so memory does not grow with the corpus. A corpus made of
 domain blocks larger than the buffer is seen block by block within a pass:
 shuffle such a corpus's lines once beforehand (`shuf`). The stream is a pure function of (seed, step):
 pass p shuffles each buffer-full with a generator seeded by (seed, p, buffer#),
