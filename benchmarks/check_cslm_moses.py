@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, Server, filter_table, free_port, moses_ini  # noqa: E402
 from common import require_shared  # noqa: E402
 
+LM = SYSTEM / "lm.fr.5.arpa.gz"  # the shared system's n-gram LM, beside the CSLM
+
 from cslm.engine import Engine  # noqa: E402
 from mtcommon import nbest as nbest_list  # noqa: E402
 
@@ -117,32 +119,32 @@ def main() -> None:
     report: dict = {"self_normalized": self_norm, "sentences": len(lines), "tolerance": args.tolerance}
 
     ini = work / "local.ini"
-    moses_ini(ini, table, f"CSLM name=CSLM0 path={model}")
+    moses_ini(ini, table, LM, f"CSLM name=CSLM0 path={model}")
     report["in_process"] = check_mode("in process", moses, ini, lines, PIPELINE_FLAGS, engine, self_norm,
                                       args.tolerance, work)
     with Server(args.model, self_norm, 2) as server:
         ini = work / "server.ini"
-        moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model}")
+        moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model}")
         report["server_per_hypothesis"] = check_mode("server", moses, ini, lines[:10], PIPELINE_FLAGS, engine,
                                                      self_norm, args.tolerance, work)
         ini = work / "server-buffered.ini"
-        moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096")
+        moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096")
         report["server_buffered"] = check_mode("server, buffered", moses, ini, lines, NORMAL_FLAGS, engine,
                                                self_norm, args.tolerance, work)
         cube = f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 corner={args.corner} ahead={args.ahead}"
         ini = work / "server-buffered-cube.ini"
-        moses_ini(ini, table, cube)
+        moses_ini(ini, table, LM, cube)
         report["server_buffered_cube"] = check_mode("server, buffered, cube pruning", moses, ini, lines,
                                                     PIPELINE_FLAGS, engine, self_norm, args.tolerance, work)
         # batching changes nothing: one request per hypothesis (no prefetch, no buffer) against the buffer
         # under cube pruning, one decoder thread and the deterministic search: byte-identical 1-best and n-best
         plain = work / "server-plain.ini"
-        moses_ini(plain, table, f"CSLM name=CSLM0 port={server.port} path={model} prefetch=0")
+        moses_ini(plain, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} prefetch=0")
         report["cube_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work)
 
     # failures: no server at load; the server killed while Moses decodes
     ini = work / "absent.ini"
-    moses_ini(ini, table, f"CSLM name=CSLM0 port={free_port()} path={model} timeout=5")
+    moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={free_port()} path={model} timeout=5")
     r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini)], input=lines[0] + "\n",
                        capture_output=True, text=True, timeout=600)
     report["server_absent"] = {"exit": r.returncode, "message": next(
@@ -150,7 +152,7 @@ def main() -> None:
     report["server_absent"]["ok"] = r.returncode != 0 and report["server_absent"]["message"] is not None
     server = Server(args.model, self_norm, 2).__enter__()
     ini = work / "killed.ini"
-    moses_ini(ini, table, f"CSLM name=CSLM0 port={server.port} path={model} timeout=5 retries=2")
+    moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} timeout=5 retries=2")
     proc = subprocess.Popen([str(moses / "bin" / "moses"), "-f", str(ini), *PIPELINE_FLAGS],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     proc.stdin.write("\n".join(lines * 4) + "\n")

@@ -8,7 +8,7 @@ asking a running `cslm serve`. Both return bit-identical numbers on the CPU
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Iterator, Protocol, Sequence, TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -35,13 +35,36 @@ class Backend(Protocol):
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-def fmt(x: float) -> str:
+def _sentence_windows(path: str, size: int, source: str | None, alignment: str | None
+                      ) -> Iterator[tuple[list[list[str]], dict]]:
+    """The sentences of `path`, `size` at a time, with what `score_sentences` needs beside them: nothing for
+    a target-only model; a joint model's source sentences and alignments (`cslm.data.iter_sentences`: the
+    three files read in step, a bad line an InputError naming its file and line)."""
+    from .data import SourceSide, iter_sentences
+
+    side = SourceSide(source, alignment) if source is not None or alignment is not None else None
+    if side is not None and (source is None or alignment is None):
+        raise UserError("a joint model scores a target text with --source and --alignment together: give both")
+    for window in batches(iter_sentences(path, side), size):
+        yield _split(window, side)
+
+
+def _split(window: list, side) -> tuple[list[list[str]], dict]:
+    sents = [words for _, words, _, _ in window]
+    if side is None:
+        return sents, {}
+    return sents, {"sources": [src for _, _, src, _ in window], "alignments": [links for _, _, _, links in window]}
+
+
+def format_logprob(x: float) -> str:
+    """A log-probability as `cslm score` writes it: six decimals."""
     return f"{x:.6f}"
 
 
 def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, per_word: bool = False,
-               window: int = 2000, progress: bool = True) -> dict:
-    """Write one line per input line.
+               window: int = 2000, progress: bool = True, source: str | None = None,
+               alignment: str | None = None) -> dict:
+    """Write one line per input line (a joint model: with the `source` text and the `alignment`).
 
     Sentence mode: `<sum of ln P over the words and </s>>\\t<unknown words>\\t<tokens scored>`
     (+ `\\t<ln P of each token>` with per_word). N-gram mode (each line 1..order
@@ -49,26 +72,31 @@ def score_file(backend: Backend, path: str, output: str, ngrams: bool = False, p
     """
     lines = tokens = unknown = 0
     total = 0.0
-    with atomic_output(output, inputs=[path]) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
-        for win in batches(iter_lines(path), window):
+    if ngrams and (source is not None or alignment is not None):
+        raise UserError("n-gram lines carry no source window: a joint model scores sentences with their source")
+    windows = batches(iter_lines(path), window) if ngrams else _sentence_windows(path, window, source, alignment)
+    inputs = [p for p in (path, source, alignment) if p is not None]
+    with atomic_output(output, inputs=inputs) as out, tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
+        for win in windows:
             if ngrams:
                 grams = [line.split() for _, line in win]
                 for (lineno, _), g in zip(win, grams):
                     if not 1 <= len(g) <= backend.order:
                         raise InputError(path, lineno, f"an n-gram needs 1..{backend.order} words, got {len(g)}")
                 logp, flags = backend.score_words(grams)
-                text = "".join(f"{fmt(lp)}\t{fl}\n" for lp, fl in zip(logp.tolist(), flags.tolist()))
+                text = "".join(f"{format_logprob(lp)}\t{fl}\n" for lp, fl in zip(logp.tolist(), flags.tolist()))
                 total += float(np.sum(logp, dtype=np.float64))
                 tokens += len(grams)
                 unknown += int(np.count_nonzero(flags & UNKNOWN))
             else:
+                win, extra = win
                 parts = []
-                for lp, fl in backend.score_sentences([line.split() for _, line in win]):
+                for lp, fl in backend.score_sentences(win, **extra):
                     s = float(np.sum(lp, dtype=np.float64))
                     u = int(np.count_nonzero(fl[:-1] & UNKNOWN))
-                    row = f"{fmt(s)}\t{u}\t{len(lp)}"
+                    row = f"{format_logprob(s)}\t{u}\t{len(lp)}"
                     if per_word:
-                        row += "\t" + " ".join(fmt(x) for x in lp.tolist())
+                        row += "\t" + " ".join(format_logprob(x) for x in lp.tolist())
                     parts.append(row + "\n")
                     total, tokens, unknown = total + s, tokens + len(lp), unknown + u
                 text = "".join(parts)
@@ -94,8 +122,10 @@ def _name(backend: Backend) -> str:
 
 
 def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = None, window: int = 2000,
-               progress: bool = True, log_z: bool = False, mix_weight: float | None = None) -> dict:
-    """Per-token perplexity (every word and </s>, natural log) of a tokenized text.
+               progress: bool = True, log_z: bool = False, mix_weight: float | None = None,
+               source: str | None = None, alignment: str | None = None) -> dict:
+    """Per-token perplexity (every word and </s>, natural log) of a tokenized text (a joint model's: with
+    its `source` text and `alignment`).
 
     `cslm` counts every token; an unknown word costs ln P([UNK] | h) in unk
     mode. `cslm_in_shortlist` only counts tokens whose word is in the shortlist.
@@ -128,10 +158,9 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
 
         check_weight(mix_weight)
     with tqdm(unit=" lines", disable=not progress, dynamic_ncols=True) as bar:
-        for win in batches(iter_lines(path), window):
-            sents = [line.split() for _, line in win]
-            scored = backend.score_sentences_log_z(sents) if log_z else \
-                [(lp, fl, None) for lp, fl in backend.score_sentences(sents)]
+        for sents, extra in _sentence_windows(path, window, source, alignment):
+            scored = backend.score_sentences_log_z(sents, **extra) if log_z else \
+                [(lp, fl, None) for lp, fl in backend.score_sentences(sents, **extra)]
             for s, (lp, fl, lz) in zip(sents, scored):
                 inside = (fl & UNKNOWN) == 0
                 if lz is not None:
@@ -155,8 +184,8 @@ def perplexity(backend: Backend, path: str, kenlm: str | KenLMBackoff | None = N
                         m = mix(lp, fl, kl, mix_weight)
                         m_all += float(m.sum())
                         m_in += float(m[inside].sum())
-            sentences += len(win)
-            bar.update(len(win))
+            sentences += len(sents)
+            bar.update(len(sents))
     if n_all == 0:  # exp(0) = 1 would read as a perfect model
         raise InputError(path, None, "no sentences to evaluate (the text is empty)")
     res = {

@@ -24,6 +24,25 @@ def _threads(n):
     configure_threads(resolve_device("cpu"), n)
 
 
+# a joint model's source side (`eval`, `score`): the source text and the word alignment of TEXT
+SOURCE_OPTION = click.option("--source", type=click.Path(dir_okay=False),
+                             help="A joint model's source text: tokenized, one sentence per line of TEXT.")
+ALIGNMENT_OPTION = click.option("--alignment", type=click.Path(dir_okay=False),
+                                help="The word alignment of --source and TEXT, one line each: Moses's `i-j` pairs "
+                                     "(source index i, target index j, from 0), as aligned.grow-diag-final-and.")
+
+
+def _check_source(backend, source, alignment, server=None):
+    """--source and --alignment together, in process, and exactly when the model is a joint one."""
+    if (source is None) != (alignment is None):
+        raise click.UsageError("--source and --alignment go together: give both")
+    if server and source is not None:
+        raise click.UsageError("a joint model scores in process: --source and --alignment are not for --server")
+    engine = getattr(backend, "inner", backend)  # the network's engine under --mix
+    if hasattr(engine, "check_source"):
+        engine.check_source(source is not None)
+
+
 # `score` and `rescore-nbest`: their numbers become the mixture's (cslm.mix)
 MIX_OPTION = click.option("--mix", type=Number(min=0, max=1), metavar="LAMBDA",
                           help="Interpolate with the --kenlm model, LAMBDA on the network (`cslm mix` estimates it).")
@@ -83,6 +102,17 @@ def main():
 @click.option("-o", "--model-dir", required=True, type=click.Path(file_okay=False), help="Where the model goes.")
 @click.option("--preset", default="small", show_default=True, type=RegistryChoice(_presets))
 @click.option("--vocab-size", type=click.IntRange(min=len(RESERVED) + 1), help="Shortlist size, reserved symbols included [paper 15000, small 10000, tiny 1000].")
+@click.option("--order", type=click.IntRange(min=2, max=64),
+              help="n: n-1 target words predict the n-th [the preset's 7; a joint model's 4, as Devlin et al.].")
+@click.option("--source", type=click.Path(exists=True, dir_okay=False),
+              help="Train a joint model (NNJM, Devlin et al. 2014): the source text, one sentence per line of CORPUS.")
+@click.option("--alignment", type=click.Path(exists=True, dir_okay=False),
+              help="With --source: the word alignment of --source and CORPUS, Moses's `i-j` pairs per line "
+                   "(aligned.grow-diag-final-and).")
+@click.option("--source-window", type=click.IntRange(min=1),
+              help="With --source: m source words around the affiliated one, odd [11, as Devlin et al.].")
+@click.option("--source-vocab-size", type=click.IntRange(min=len(RESERVED) + 1),
+              help="With --source: the source shortlist, reserved symbols included [the target's size].")
 @click.option("--max-epochs", type=click.IntRange(min=0), default=100, show_default=True)
 @click.option("--max-minutes", type=Number(min=0), help="Stop after this much wall-clock time in all (a resumed run gets what is left).")
 @click.option("--patience", type=click.IntRange(min=0), default=10, show_default=True,
@@ -113,16 +143,20 @@ def main():
               help="k: noise words per update with --objective nce, at most the shortlist's size.")
 @trainer_options(data="CORPUS", budget="--max-epochs")
 @fail_cleanly
-def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patience, valid_fraction, valid_text, epoch_ngrams,
+def train(corpus, model_dir, preset, vocab_size, order, source, alignment, source_window, source_vocab_size, max_epochs, max_minutes, patience, valid_fraction, valid_text, epoch_ngrams,
           recipe, batch_size, dtype, optimizer, lr, lr_schedule, dropout, self_norm, objective, noise_samples, seed, device, threads, resume,
           overwrite, quiet):
     """Train on CORPUS: tokenized text, one sentence per line, plain or gzip.
+
+    With --source and --alignment, a joint model (NNJM): CORPUS is the target side of a parallel corpus.
 
     Data-parallel with torchrun: `torchrun --nproc-per-node 2 $(which cslm) train CORPUS -o MODEL`.
     """
     from .train import TrainConfig, train as run_train
 
-    cfg = TrainConfig(preset=preset, recipe=recipe, vocab_size=vocab_size, batch_size=batch_size, dtype=dtype,
+    cfg = TrainConfig(preset=preset, recipe=recipe, vocab_size=vocab_size, order=order, source=source,
+                      alignment=alignment, source_window=source_window, source_vocab_size=source_vocab_size,
+                      batch_size=batch_size, dtype=dtype,
                       optimizer=optimizer, lr=lr, lr_schedule=lr_schedule, dropout=dropout, self_norm=self_norm, objective=objective,
                       noise_samples=noise_samples, valid_fraction=valid_fraction, valid_text=valid_text,
                       patience=patience, max_epochs=max_epochs, max_minutes=max_minutes, epoch_ngrams=epoch_ngrams,
@@ -145,12 +179,16 @@ def train(corpus, model_dir, preset, vocab_size, max_epochs, max_minutes, patien
 @click.option("--log-z", is_flag=True,
               help="Also report ln Z(h) over the text's n-grams (mean, sd, percentiles, mean |ln Z|) and the "
                    "perplexity of the unnormalised scores o_w used as log-probabilities (self-normalisation).")
+@SOURCE_OPTION
+@ALIGNMENT_OPTION
 @DEVICE
 @click.option("--threads", type=THREADS)
 @QUIET
 @fail_cleanly
-def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
-    """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's."""
+def eval_(model_dir, text, kenlm, backoff, mix, log_z, source, alignment, device, threads, quiet):
+    """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's.
+
+    A joint model's TEXT comes with its --source and --alignment."""
     from .apply import perplexity
     from .engine import Engine
 
@@ -158,11 +196,13 @@ def eval_(model_dir, text, kenlm, backoff, mix, log_z, device, threads, quiet):
         raise click.UsageError(f"{'--backoff' if backoff else '--mix'} needs --kenlm")
     if backoff and mix is not None:
         raise click.UsageError("--mix interpolates the network's own [UNK] probabilities: not with --backoff")
-    check_paths([text])
+    check_paths([text, source, alignment])
     require_model_dir(model_dir, "cslm")
     _threads(threads)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
-    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet, log_z=log_z, mix_weight=mix)
+    _check_source(engine, source, alignment)
+    res = perplexity(engine, text, kenlm=kenlm, progress=not quiet, log_z=log_z, mix_weight=mix, source=source,
+                     alignment=alignment)
     res["mode"] = engine.mode
     if log_z:
         res["train_self_norm"] = engine.train_self_norm
@@ -220,25 +260,33 @@ def _split_paths(paths, server, what):
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
+@SOURCE_OPTION
+@ALIGNMENT_OPTION
 @DEVICE
 @click.option("--threads", type=THREADS)
 @QUIET
 @fail_cleanly
-def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, device, threads, quiet):
+def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, source, alignment, device, threads,
+          quiet):
     """Natural-log probabilities of the sentences (or n-grams) of TEXT ('-' = stdin).
 
     Sentence mode prints `<ln P(sentence)>\\t<unknown words>\\t<tokens>` per line;
     n-gram mode prints `<ln P(last word | the others)>\\t<flags>` (flags: 1 unknown, 2 backed off).
     With --server only TEXT is needed: `cslm score --server HOST:PORT TEXT`.
     With --self-normalized the values are the unnormalised scores o_w (see docs/cslm.md).
+    A joint model scores sentences with their --source and --alignment.
     """
     from .apply import score_file
 
     model_dir, text = _split_paths(paths, server, "TEXT")
-    check_paths([text], output)
+    check_paths([text, source, alignment], output)
     _threads(threads)
+    if ngrams and source is not None:
+        raise click.UsageError("--ngrams lines carry no source window: a joint model scores sentences")
     backend = _backend(model_dir, server, kenlm, device, self_normalized, mix)
-    summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet)
+    _check_source(backend, source, alignment, server)
+    summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet,
+                         source=source, alignment=alignment)
     if not quiet:
         click.echo(json.dumps(summary), err=True)
 
@@ -263,6 +311,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
     check_paths([nbest], output)
     _threads(threads)
     backend = _backend(model_dir, server, kenlm, device, mix=mix)
+    _check_source(backend, None, None)  # a joint model's n-best rescoring is not built: refused in one line
     summary = run(backend, nbest, output, feature=feature, progress=not quiet)
     if not quiet:
         click.echo(json.dumps(summary), err=True)
@@ -327,6 +376,7 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame,
         check_port_file(port_file)
     _threads(threads)
     engine = _engine(model_dir, device, kenlm, self_normalized)
+    engine.check_source(False)  # the protocol carries target n-grams only: a joint model is not served
     if self_normalized:
         _ = engine.tables  # build the premultiplied tables before listening, not on the first request
     run(engine, cfg, name=model_dir, port_file=port_file, summary=True)

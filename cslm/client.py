@@ -257,7 +257,7 @@ class RemoteBackend:
     def score_sentences(self, sentences):
         from mtcommon.vocab import BOS, EOS
 
-        from .data import sentence_ngrams
+        from .ngrams import sentence_ngrams
 
         sentences = [list(s) for s in sentences]
         rows = [sentence_ngrams(self.vocab.encode(s), self.order, self.bos_id, self.eos_id) for s in sentences]
@@ -265,9 +265,7 @@ class RemoteBackend:
 
         def gram(j):  # the words of n-gram j, for back-off
             k = int(np.searchsorted(starts, j, side="right")) - 1
-            words = [BOS] * (self.order - 1) + sentences[k] + [EOS]
-            at = j - starts[k]
-            return words[at : at + self.order]
+            return sentence_ngrams(sentences[k], self.order, BOS, EOS)[j - starts[k]]
 
         logp, flags = self._score(np.concatenate(rows) if rows else np.zeros((0, self.order), np.int32), gram)
         return [(logp[a:b], flags[a:b]) for a, b in zip(starts[:-1], starts[1:])]

@@ -22,7 +22,8 @@ from mtcommon.runtime import resolve_device
 from mtcommon.vocab import BOS, EOS, Vocabulary
 
 from . import modeldir
-from .data import sentence_ngrams
+from .data import sentence_rows
+from .ngrams import left_pad, sentence_ngrams
 from .model import CSLM
 from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
 
@@ -84,7 +85,7 @@ def trained_self_normalized(meta: dict) -> bool:
 class Engine:
     def __init__(self, model: CSLM, vocab: Vocabulary, device: str | torch.device = "cpu",
                  backoff: KenLMBackoff | None = None, chunk: int = 2048, normalized: bool = True,
-                 name: str = "the model"):
+                 name: str = "the model", src_vocab: Vocabulary | None = None):
         self.model = model.eval()
         self.name = name  # the model directory, named by the error a non-finite score raises
         self.vocab = vocab
@@ -93,6 +94,10 @@ class Engine:
         self.chunk = chunk
         self.normalized = normalized  # False: o_w (self-normalised scores) instead of o_w - ln Z
         self.order = model.config.order
+        self.window = model.config.source_window  # m: a joint model's source words (0: a plain CSLM)
+        self.src_vocab = src_vocab  # a joint model's source shortlist
+        if self.window and src_vocab is None:
+            raise ValueError("a joint model's engine needs its source vocabulary")
         self.bos_id, self.eos_id, self.unk_id = vocab.index[BOS], vocab.index[EOS], vocab.unk_id
         self.mode = "backoff" if backoff is not None else "unk"
         self.min_rows = max(32, 4 * torch.get_num_threads())
@@ -105,7 +110,8 @@ class Engine:
              normalized: bool = True) -> "Engine":
         dev = resolve_device(device)
         m = modeldir.load(model_dir, dev)
-        eng = cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk, normalized, model_dir)
+        eng = cls(m.model, m.vocab, dev, KenLMBackoff(kenlm) if kenlm else None, chunk, normalized, model_dir,
+                  m.src_vocab)
         eng.train_self_norm = train_self_norm(m.meta)
         eng.trained_self_normalized = trained_self_normalized(m.meta)
         return eng
@@ -133,15 +139,40 @@ class Engine:
                 self._tables = self.model.first_layer_tables(torch.float32)
         return self._tables
 
+    @property
+    def joint(self) -> bool:
+        return self.window > 0
+
+    def check_source(self, given: bool) -> None:
+        """A UserError unless a source is given exactly when the model has a source window."""
+        if self.joint and not given:
+            raise UserError(f"{self.name} is a joint model (a source window of {self.window} words): it scores a "
+                            f"target text with its source text and alignment (--source, --alignment of cslm eval "
+                            f"and cslm score)")
+        if given and not self.joint:
+            raise UserError(f"{self.name} is a target-only CSLM: --source and --alignment are for a joint model")
+
     # -- the batched core -------------------------------------------------
     def pad(self, ngrams: np.ndarray) -> np.ndarray:
-        """(N, n) ids with 1 <= n <= order -> (N, order) int32, left-padded with <s>; validates ids."""
+        """(N, n) ids with 1 <= n <= order -> (N, order) int32, left-padded with <s>; validates ids.
+        A joint model's rows are whole: (N, order + m), the target history, the source window, the word."""
         ngrams = np.asarray(ngrams)
-        if ngrams.ndim != 2 or not 1 <= ngrams.shape[1] <= self.order:
+        if self.joint:
+            width = self.order + self.window
+            if ngrams.ndim != 2 or ngrams.shape[1] != width:
+                raise ValueError(f"a joint model's rows must be an (N, {width}) array (target history, source "
+                                 f"window, target word), got shape {ngrams.shape}")
+            src = ngrams[:, self.order - 1 : -1]
+            if src.size and (src.min() < 0 or src.max() >= len(self.src_vocab)):
+                raise ValueError(f"source word id outside the source vocabulary (0..{len(self.src_vocab) - 1})")
+            tgt = np.concatenate([ngrams[:, : self.order - 1], ngrams[:, -1:]], axis=1)
+        elif ngrams.ndim != 2 or not 1 <= ngrams.shape[1] <= self.order:
             raise ValueError(f"n-grams must be an (N, n) array with 1 <= n <= {self.order}, got shape {ngrams.shape}")
-        if ngrams.size and (ngrams.min() < 0 or ngrams.max() >= len(self.vocab)):
+        else:
+            tgt = ngrams
+        if tgt.size and (tgt.min() < 0 or tgt.max() >= len(self.vocab)):
             raise ValueError(f"word id outside the vocabulary (0..{len(self.vocab) - 1})")
-        return self.left_pad(ngrams)
+        return self.left_pad(ngrams) if not self.joint else np.ascontiguousarray(ngrams, np.int32)
 
     def left_pad(self, ngrams: np.ndarray) -> np.ndarray:
         """`pad` without its checks, for ids already checked (the server's SCORE requests)."""
@@ -230,6 +261,7 @@ class Engine:
     # -- word strings -------------------------------------------------------
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """N-grams as word lists (1..order words each); back-off applies to unknown predicted words."""
+        self.check_source(False)  # target n-grams alone: no source window to give a joint model
         if not ngrams:
             return np.empty(0, np.float32), np.zeros(0, np.uint8)
         logp, flags = self.score_rows(self.word_rows(ngrams))
@@ -243,33 +275,48 @@ class Engine:
         for i, g in enumerate(ngrams):
             if not 1 <= len(g) <= self.order:
                 raise ValueError(f"n-gram {i + 1} has {len(g)} words; allowed 1..{self.order}")
-            rows[i, self.order - len(g) :] = self.vocab.encode(g)
+            rows[i] = self.vocab.encode(left_pad(g, self.order, BOS))
         return rows
 
     def apply_backoff(self, ngrams: Sequence[Sequence[str]], logp: np.ndarray, flags: np.ndarray) -> None:
         """Replace the [UNK]-class value of unknown predicted words with the n-gram model's."""
         for i in np.flatnonzero(flags & UNKNOWN):
             g = ngrams[i]
-            history = [BOS] * (self.order - len(g)) + list(g[:-1])
-            logp[i] = self.backoff.logprob(history, g[-1])
+            logp[i] = self.backoff.logprob(left_pad(g, self.order, BOS)[:-1], g[-1])
             flags[i] |= BACKOFF
 
-    def sentence_ngrams(self, words: Sequence[str]) -> np.ndarray:
-        return sentence_ngrams(self.vocab.encode(words), self.order, self.bos_id, self.eos_id)
+    def sentence_ngrams(self, words: Sequence[str], source: Sequence[str] | None = None,
+                        alignment: Sequence[tuple[int, int]] | None = None) -> np.ndarray:
+        """The rows `score_ids` takes for one sentence: its n-grams, and a joint model's source windows
+        (`source` its words, `alignment` its (source, target) index pairs: `cslm.data.affiliations`)."""
+        if not self.joint:
+            return sentence_ngrams(self.vocab.encode(words), self.order, self.bos_id, self.eos_id)
+        return sentence_rows(words, self.vocab, self.order, source, alignment, self.src_vocab, self.window)
 
-    def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per sentence: (len+1,) ln P of each word and </s>, and their flags; one batched call."""
-        return [(lp, fl) for lp, fl, _ in self._sentences(sentences, self.score_ids)]
+    def score_sentences(self, sentences: Sequence[Sequence[str]], sources: Sequence[Sequence[str]] | None = None,
+                        alignments: Sequence[Sequence[tuple[int, int]]] | None = None
+                        ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sentence: (len+1,) ln P of each word and </s>, and their flags; one batched call.
+        A joint model needs each sentence's source words and alignment (and a plain CSLM refuses them)."""
+        return [(lp, fl) for lp, fl, _ in self._sentences(sentences, self.score_ids, sources, alignments)]
 
-    def score_sentences_log_z(self, sentences: Sequence[Sequence[str]]
+    def score_sentences_log_z(self, sentences: Sequence[Sequence[str]], sources=None, alignments=None
                               ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """Per sentence: exact ln P of each word and </s>, flags, and ln Z of each token's history."""
-        return self._sentences(sentences, self.score_ids_log_z)
+        return self._sentences(sentences, self.score_ids_log_z, sources, alignments)
 
-    def _sentences(self, sentences, score) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    def _sentences(self, sentences, score, sources=None, alignments=None
+                   ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        self.check_source(sources is not None or alignments is not None)
+        if self.joint and (sources is None or alignments is None or len(sources) != len(sentences)
+                           or len(alignments) != len(sentences)):
+            raise ValueError("a joint model needs one source sentence and one alignment per sentence")
         if not sentences:
             return []
-        rows = [self.sentence_ngrams(s) for s in sentences]
+        if self.joint:
+            rows = [self.sentence_ngrams(*x) for x in zip(sentences, sources, alignments)]
+        else:
+            rows = [self.sentence_ngrams(s) for s in sentences]
         logp, flags, *rest = score(np.concatenate(rows))
         log_z = rest[0] if rest else None
         out, at = [], 0
@@ -278,8 +325,6 @@ class Engine:
             lz = log_z[at : at + len(r)] if log_z is not None else None
             at += len(r)
             if self.backoff is not None and fl.any():
-                words = [BOS] * (self.order - 1) + list(s) + [EOS]
-                grams = [words[j : j + self.order] for j in range(len(r))]
-                self.apply_backoff(grams, lp, fl)
+                self.apply_backoff(sentence_ngrams(s, self.order, BOS, EOS), lp, fl)
             out.append((lp, fl, lz))
         return out

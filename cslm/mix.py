@@ -30,6 +30,7 @@ import numpy as np
 from mtcommon.errors import UserError
 from mtcommon.vocab import BOS
 
+from .ngrams import left_pad
 from .protocol import BACKOFF, UNKNOWN
 
 if TYPE_CHECKING:
@@ -93,14 +94,15 @@ class MixedBackend:
         self.inner, self.ngram, self.weight = inner, ngram, check_weight(weight)
         self.order = inner.order
 
-    def score_sentences(self, sentences: Sequence[Sequence[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def score_sentences(self, sentences: Sequence[Sequence[str]], **source) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`source`: a joint model's sources and alignments (`Engine.score_sentences`), for the network only."""
         out = []
-        for s, (lp, fl) in zip(sentences, self.inner.score_sentences(sentences)):
+        for s, (lp, fl) in zip(sentences, self.inner.score_sentences(sentences, **source)):
             k = self.ngram.sentence_logprobs(s)
             out.append((mix(lp, fl, k, self.weight).astype(np.float32), fl))
         return out
 
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         lp, fl = self.inner.score_words(ngrams)
-        k = np.array([self.ngram.logprob([BOS] * (self.order - len(g)) + list(g[:-1]), g[-1]) for g in ngrams])
+        k = np.array([self.ngram.logprob(left_pad(g, self.order, BOS)[:-1], g[-1]) for g in ngrams])
         return mix(lp, fl, k, self.weight).astype(np.float32), fl

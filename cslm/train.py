@@ -17,12 +17,10 @@ Noise-contrastive estimation (`objective="nce"`, beside the paper's softmax; Mni
 Vaswani et al. 2013, as NPLM trains the LMs Moses loads): instead of normalising over the
 shortlist, each update tells the observed word from `noise_samples` words drawn from the
 training unigram distribution q, the model's unnormalised score o_w standing for ln P(w | h)
-(Z fixed at 1). The output layer costs k+1 rows an n-gram instead of V: an update of the
-`small` preset (V = 10,000, k = 100) took about a seventh of the softmax's time (one thread,
-bfloat16, a 2-core AMD EPYC with AVX-512 BF16, measured beside running tunings: indicative only).
-The model is self-normalised by construction, and decoders use o_w as they do after `self_norm`
-training. Held-out perplexity stays exact. In the same 35 minutes it ended at 40.4 held-out perplexity
-on the shared corpus against the softmax's 29.1 (docs/cslm.md): an option, not the default.
+(Z fixed at 1). The output layer costs k+1 rows an n-gram instead of V. The model is
+self-normalised by construction, and decoders use o_w as they do after `self_norm` training.
+Held-out perplexity stays exact. It is an option, not the default: what it gave at the
+pipeline's budget is in docs/cslm.md ("Training").
 
 Self-normalisation (Devlin et al., 2014, Sec. 2.1): `self_norm` = alpha adds
 alpha * (log Z(h))^2 to each n-gram's loss, Z(h) the softmax normaliser of its
@@ -32,10 +30,14 @@ perplexity is always measured with the exact softmax. The held-out set is 0.1% o
 the *sentences* (at least one), so no held-out n-gram shares a sentence with a
 training n-gram; `valid_text` measures held-out perplexity on another text instead
 (the held-out sentences still stay out of training), so that early stopping and the
-best weights follow the test's domain: on the shared corpus, past about 7,000 updates
-the held-out sentences keep improving while the news test set gets worse (docs/cslm.md). An "epoch" is one pass over the training n-grams unless
+best weights follow the test's domain, where a longer run can fit the training domain
+at the test domain's expense (docs/cslm.md). An "epoch" is one pass over the training n-grams unless
 `epoch_ngrams` makes it shorter (useful on large corpora: evaluation,
 checkpointing and early stopping then happen every `epoch_ngrams` n-grams).
+
+The joint model (NNJM, `cslm.model`) trains on the same loop: `source` and `alignment` name the
+source text and the word alignment beside the target corpus (`cslm.data.SourceSide`). They are
+training data as the corpus is: a resumed run must be given the same files (compared by their bytes).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
 from mtcommon.vocab import BOS, EOS
 
 from . import modeldir
-from .data import RESERVED, build_vocab, heldout_ngrams, scan_corpus, stream_batches
+from .data import RESERVED, SourceSide, build_vocab, heldout_ngrams, scan_corpus, stream_batches
 from .model import CSLM, preset_config
 
 RECIPES: dict[str, dict] = {
@@ -67,6 +69,11 @@ class TrainConfig:
     preset: str = "small"
     recipe: str = "fast"  # "paper" or "fast"; fields left None take the recipe's value
     vocab_size: int | None = None  # shortlist size; default: the preset's
+    order: int | None = None  # n; default: the preset's (7), a joint model's 4 (Devlin et al. 2014)
+    source: str | None = None  # a joint model's source text, one line per corpus line
+    alignment: str | None = None  # its word alignment (Moses's `i-j` pairs), one line per corpus line
+    source_window: int | None = None  # m source words, odd; default with a source: 11 (Devlin et al. 2014)
+    source_vocab_size: int | None = None  # the source shortlist; default: the target's size
     batch_size: int | None = None
     dtype: str | None = None  # "auto" (the faster where both run, runtime.probe_dtype), "bf16" or "fp32"
     optimizer: str = "adam"
@@ -94,11 +101,29 @@ class TrainConfig:
             raise UserError("--self-norm is a penalty on the softmax's ln Z; NCE self-normalises by itself: "
                             "give one of --objective nce and --self-norm")
         lr_factor(self.lr_schedule, 0.0)  # an unknown schedule is a UserError here
+        if (self.source is None) != (self.alignment is None):
+            raise UserError("a joint model trains on --source and --alignment together: give both")
+        if self.source is None:
+            for name in ("source_window", "source_vocab_size"):
+                if getattr(self, name) is not None:
+                    raise UserError(f"--{name.replace('_', '-')} is for a joint model: give --source and --alignment")
+        else:
+            if self.source_window is None:
+                self.source_window = DEFAULT_SOURCE_WINDOW
+            if self.order is None:
+                self.order = DEFAULT_JOINT_ORDER
+            if self.valid_text:
+                raise UserError("--valid-text measures a target-only model: a joint model's held-out perplexity "
+                                "is measured on held-out sentences of its own corpus")
+            if self.source_vocab_size is not None and (not isinstance(self.source_vocab_size, int)
+                                                       or self.source_vocab_size <= len(RESERVED)):
+                raise UserError(f"--source-vocab-size must be more than the {len(RESERVED)} reserved symbols, "
+                                f"not {self.source_vocab_size!r}")
         if self.vocab_size is not None and (not isinstance(self.vocab_size, int) or self.vocab_size <= len(RESERVED)):
             raise UserError(f"--vocab-size must be more than the {len(RESERVED)} reserved symbols, "
                             f"not {self.vocab_size!r}")
         # the model's fields, checked before the data is read
-        shortlist = preset_config(self.preset, self.vocab_size, self.dropout).vocab_size
+        shortlist = self.model_config().vocab_size
         if not isinstance(self.noise_samples, int) or self.noise_samples < 1 or \
                 (self.objective == "nce" and self.noise_samples > shortlist):
             # k noise words an update, each a row of the output layer: more than the shortlist's words
@@ -107,7 +132,17 @@ class TrainConfig:
                             f"not {self.noise_samples}")
 
 
+    def model_config(self):
+        """The model's sizes: the preset's, with the sizes this config gives (checked: a UserError)."""
+        return preset_config(self.preset, self.vocab_size, self.dropout, self.order, self.source_window or 0,
+                             self.source_vocab_size)
+
+
 OBJECTIVES = ("softmax", "nce")
+# Devlin et al. (2014): a 4-gram target history (n = 4: three words before the predicted one) and an
+# 11-word source window
+DEFAULT_JOINT_ORDER = 4
+DEFAULT_SOURCE_WINDOW = 11
 
 
 @torch.no_grad()
@@ -173,26 +208,39 @@ def noise_distribution(vocab, counts, sentences: int) -> np.ndarray:
 
 class NgramTrainer(Trainer):
     unit = "ngrams"
+    data_fields = ("source", "alignment")  # a joint model's data beside the corpus: fingerprinted with it
     path_fields = ("valid_text",)
+
+    def data_paths(self, cfg) -> list[str]:
+        return [self.data] + ([cfg.source, cfg.alignment] if cfg.source else [])
 
     def prepare(self) -> Schedule:
         cfg = self.cfg
-        self.info = info = scan_corpus(self.data, cfg.valid_fraction, cfg.seed)
+        self.side = SourceSide(cfg.source, cfg.alignment, cfg.source_window) if cfg.source else None
+        self.info = info = scan_corpus(self.data, cfg.valid_fraction, cfg.seed, self.side)
         if self.resumed:
             self.model_cfg, _ = modeldir.read_config(self.model_dir)
             self.vocab = modeldir.load_vocab(self.model_dir, self.model_cfg.vocab_size)
+            if self.side:
+                self.side.vocab = modeldir.load_vocab(self.model_dir, self.model_cfg.source_vocab_size,
+                                                      modeldir.SRC_VOCAB)
         else:
-            self.model_cfg = preset_config(cfg.preset, cfg.vocab_size, cfg.dropout)
+            self.model_cfg = cfg.model_config()
             self.vocab = build_vocab(info.counts, self.model_cfg.vocab_size)
             self.model_cfg.vocab_size = len(self.vocab)  # a small corpus may have fewer distinct words
+            if self.side:
+                self.side.vocab = build_vocab(info.source_counts, self.model_cfg.source_vocab_size)
+                self.model_cfg.source_vocab_size = len(self.side.vocab)
             if self.dist.is_main:
                 modeldir.save_vocab(self.model_dir, self.vocab)
+                if self.side:
+                    modeldir.save_vocab(self.model_dir, self.side.vocab, modeldir.SRC_VOCAB)
         if cfg.valid_text:  # early stopping and the best weights follow the test's domain, not the corpus's
             self.valid = heldout_ngrams(cfg.valid_text, self.vocab, None, self.model_cfg.order)
             if not len(self.valid):
                 raise UserError(f"{cfg.valid_text}: no sentence to measure perplexity on")
         else:
-            self.valid = heldout_ngrams(self.data, self.vocab, info.heldout_lines, self.model_cfg.order)
+            self.valid = heldout_ngrams(self.data, self.vocab, info.heldout_lines, self.model_cfg.order, self.side)
         per_pass = info.train_ngrams // cfg.batch_size
         if per_pass == 0:
             raise UserError(f"{self.data}: {info.train_ngrams} training n-grams, fewer than one batch of "
@@ -238,7 +286,7 @@ class NgramTrainer(Trainer):
         if self._stream is None:  # the stream is a pure function of (seed, step): start it where we are
             cfg = self.cfg
             self._stream = stream_batches(self.data, self.vocab, self.info.heldout_lines, self.model_cfg.order,
-                                          cfg.batch_size, cfg.seed, step)
+                                          cfg.batch_size, cfg.seed, step, side=self.side)
         b = next(self._stream)
         mine = torch.from_numpy(b[self.dist.rank :: self.dist.world].astype(np.int64)).to(self.device)
         if self.noise_q is None:
@@ -256,8 +304,11 @@ class NgramTrainer(Trainer):
         modeldir.save_weights(self.model_dir, model, meta)
 
     def describe(self) -> dict:
-        return {"corpus": self.data, "sentences": self.info.lines, "train_ngrams": self.info.train_ngrams,
-                "valid_ngrams": int(len(self.valid)), "valid_text": self.cfg.valid_text}
+        out = {"corpus": self.data, "sentences": self.info.lines, "train_ngrams": self.info.train_ngrams,
+               "valid_ngrams": int(len(self.valid)), "valid_text": self.cfg.valid_text}
+        if self.side:
+            out.update(source=self.side.source, alignment=self.side.alignment)
+        return out
 
 
 def train(corpus: str, model_dir: str, cfg: TrainConfig, resume: bool = False, progress: bool = True,

@@ -131,6 +131,18 @@ def test_sentence_ngrams_pad_with_bos_and_predict_eos():
     assert g.tolist() == [[1, 1, 1, 5], [1, 1, 5, 6], [1, 5, 6, 0]]
 
 
+def test_one_ngram_builder_for_words_and_ids():
+    """Words and ids go through the same padding: the words' n-grams encode to the ids' n-grams."""
+    from cslm.ngrams import left_pad
+
+    assert sentence_ngrams(["a", "b"], 3, BOS, EOS) == [[BOS, BOS, "a"], [BOS, "a", "b"], ["a", "b", EOS]]
+    vocab = Vocabulary.build({"a": 2, "b": 1}, 10, reserved=(EOS, BOS, UNK))
+    for words in (["a"], ["b", "a", "c", "a"], []):
+        ids = sentence_ngrams(vocab.encode(words), 4, vocab.index[BOS], vocab.index[EOS])
+        assert ids.dtype == np.int32 and ids.tolist() == [vocab.encode(g) for g in sentence_ngrams(words, 4, BOS, EOS)]
+    assert left_pad(["a", "b"], 4, BOS) == [BOS, BOS, "a", "b"] and left_pad([7], 1, 1) == [7]
+
+
 def test_stream_is_a_pure_function_of_seed_and_step(cslm_corpus, engine):
     info = scan_corpus(str(cslm_corpus), 0.05, seed=3)
     args = (str(cslm_corpus), engine.vocab, info.heldout_lines, 7, 32, 3)

@@ -233,6 +233,12 @@ LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), s
       order->number() != static_cast<unsigned>(order->number()))
     throw Fail(cfg_path, "no valid \"order\" in \"model\"");
   order_ = static_cast<unsigned>(order->number());
+  // A joint model (NNJM) takes a source window beside the target history: this evaluator reads the target
+  // history alone, so it refuses one rather than score it without its source words.
+  const Json* window = model->Find("source_window");
+  if (window && !(window->is_number() && window->number() == 0))
+    throw Fail(cfg_path, "a joint model (\"source_window\" in \"model\"): the in-process evaluator scores "
+                         "target-only CSLMs; score it with `cslm score --source --alignment`");
   const Json* meta = cfg.Find("meta");
   const Json* train = meta ? meta->Find("train_config") : 0;
   const Json* self_norm = train ? train->Find("self_norm") : 0;
