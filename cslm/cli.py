@@ -10,7 +10,7 @@ import click
 
 from mtcommon import __version__
 from mtcommon.cliutil import (DEVICE, LR_SCHEDULE, QUIET, THREADS, Number, RegistryChoice, explicit_options,
-                              fail_cleanly, feature_name, require_model_dir, trainer_options)
+                              fail_cleanly, feature_name, require_model_dir, stacked, trainer_options)
 from mtcommon.outputs import check_paths
 
 from .data import RESERVED
@@ -30,6 +30,9 @@ SOURCE_OPTION = click.option("--source", type=click.Path(dir_okay=False),
 ALIGNMENT_OPTION = click.option("--alignment", type=click.Path(dir_okay=False),
                                 help="The word alignment of --source and TEXT, one line each: Moses's `i-j` pairs "
                                      "(source index i, target index j, from 0), as aligned.grow-diag-final-and.")
+# What the commands that score a text with a model in this process take last: a joint model's source
+# side, where the engine runs, and the progress bar.
+TEXT_SCORING_OPTIONS = stacked([SOURCE_OPTION, ALIGNMENT_OPTION, DEVICE, click.option("--threads", type=THREADS), QUIET])
 
 
 def _check_source(backend, source, alignment, server=None):
@@ -179,11 +182,7 @@ def train(corpus, model_dir, preset, vocab_size, order, source, alignment, sourc
 @click.option("--log-z", is_flag=True,
               help="Also report ln Z(h) over the text's n-grams (mean, sd, percentiles, mean |ln Z|) and the "
                    "perplexity of the unnormalised scores o_w used as log-probabilities (self-normalisation).")
-@SOURCE_OPTION
-@ALIGNMENT_OPTION
-@DEVICE
-@click.option("--threads", type=THREADS)
-@QUIET
+@TEXT_SCORING_OPTIONS
 @fail_cleanly
 def eval_(model_dir, text, kenlm, backoff, mix, log_z, source, alignment, device, threads, quiet):
     """Per-word perplexity of tokenized TEXT (all words and </s>), beside a KenLM model's.
@@ -260,11 +259,7 @@ def _split_paths(paths, server, what):
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "
                    "trained with --self-norm. Default: exact log-probabilities.")
-@SOURCE_OPTION
-@ALIGNMENT_OPTION
-@DEVICE
-@click.option("--threads", type=THREADS)
-@QUIET
+@TEXT_SCORING_OPTIONS
 @fail_cleanly
 def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, source, alignment, device, threads,
           quiet):
