@@ -40,7 +40,7 @@ from dataclasses import asdict, replace
 import numpy as np
 
 from mtcommon.errors import UserError
-from mtcommon.finite import NonFiniteScores, check_finite
+from mtcommon.finite import NonFiniteScores
 
 from . import protocol as P
 from .batcher import Batcher, CachedScorer
@@ -352,9 +352,8 @@ class Server:
             logp, flags = await self.batcher.submit(rows, conn)
             if grams is not None and self.engine.backoff is not None:
                 self.engine.apply_backoff(grams, logp, flags)
-            # never a NaN or an infinity on the wire (the engine checks its own output; this covers every path)
-            check_finite(logp, self.engine.name, f"in a request of {len(logp)} n-grams")
-        except NonFiniteScores as e:  # the model's weights are broken: every client is told, the log once a while
+        except NonFiniteScores as e:  # the engine's check (`Engine._run`): never a NaN or an infinity on the wire;
+            # the model's weights are broken: every client is told, the log once a while
             self.log.event("nonfinite", f"cslm: {e}; answered with an error")
             await self._error(writer, rid, P.E_INTERNAL, str(e))
             writer.close()

@@ -18,6 +18,7 @@ import pytest
 from cslm import protocol as P
 from cslm.client import Client, ServerError
 from mtcommon.errors import UserError
+from mtcommon.finite import check_finite
 
 from test_cslm import cslm_corpus, cslm_model, engine, unigram_arpa  # noqa: F401 (shared session fixtures)
 from test_cslm_server import ServerThread, random_ngrams, raw_connection, read_frame, start_server_process
@@ -42,9 +43,10 @@ class GatedEngine:
         self.batches.append(rows.copy())
         assert self.gate.wait(30)
         logp, flags = self.engine.score_rows(rows)
-        if self.nonfinite:
+        if self.nonfinite:  # what a model with broken weights gives: the engine's own check refuses it
             logp = logp.copy()
             logp[::2] = np.nan
+            check_finite(logp, self.engine.name, f"in a request of {len(logp)} n-grams")
         return logp, flags
 
 
