@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ from mtcommon.errors import UserError
 from mtcommon.textio import InputError
 from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
+from test_cslm_backend import backend_exe  # noqa: F401 (the compiled C++ backend driver, a fixture)
 from test_cslm_local import local_exe  # noqa: F401 (the compiled C++ evaluator, a fixture)
 
 
@@ -342,9 +344,77 @@ def test_a_plain_model_refuses_a_source_in_one_line(corpus, tmp_path):
                                                       f"--alignment are for a joint model"
 
 
-def test_the_cpp_evaluator_refuses_a_joint_model(local_exe, joint_model):  # noqa: F811
+def _joint_rows(corpus, loaded):
+    """Rows of the first sentences (with <s>/</s> padding in both the history and the window) and rows with
+    words outside both shortlists, as id arrays and as the C++ driver's word lines."""
+    sents, srcs, alis = _sentences(corpus, 30)
+    rows = np.concatenate([sentence_rows(w, loaded.vocab, 4, s, a, loaded.src_vocab, 5)
+                           for w, s, a in zip(sents, srcs, alis)])
+    tw, sw = loaded.vocab.words, loaded.src_vocab.words
+    lines = [" ".join([tw[i] for i in r[:3]] + [sw[i] for i in r[3:-1]] + [tw[r[-1]]]) for r in rows]
+    unk, src_unk = loaded.vocab.index[UNK], loaded.src_vocab.index[UNK]
+    extra = [("never-seen t1 the s1 unseen-src s2 </s> </s> t2", [unk, 0, 0, 0, src_unk, 0, 0, 0, 0]),
+             ("<s> <s> <s> <s> <s> s3 s4 s5 zzz", [0] * 8 + [unk])]
+    for line, ids in extra:
+        words = line.split()
+        row = [loaded.vocab.index.get(w, unk) for w in words[:3]] + \
+              [loaded.src_vocab.index.get(w, src_unk) for w in words[3:8]] + [loaded.vocab.index.get(words[8], unk)]
+        assert all(row[k] == ids[k] for k in range(9) if ids[k])  # the unknown words are [UNK] indeed
+        rows = np.concatenate([rows, np.array([row], rows.dtype)])
+        lines.append(line)
+    return rows, lines
+
+
+def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, corpus, joint_model):  # noqa: F811
+    """h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q]): exact and self-normalised scores as the engine's."""
+    out, _ = joint_model
+    loaded = modeldir.load(str(out))
+    rows, lines = _joint_rows(corpus, loaded)
+    assert (rows[:, 3:8] == loaded.src_vocab.index[BOS]).any() and (rows[:, 3:8] == loaded.src_vocab.index[EOS]).any()
+    r = subprocess.run([str(local_exe), str(out)], input="".join(line + "\n" for line in lines), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+    assert got.shape == (len(rows), 2)
+    for column, normalized in ((0, True), (1, False)):
+        want, _ = Engine.load(str(out), device="cpu", normalized=normalized).score_ids(rows)
+        assert np.max(np.abs(got[:, column] - want)) < 1e-4
+
+
+def test_the_cpp_evaluator_wants_whole_joint_rows(local_exe, joint_model):  # noqa: F811
     out, _ = joint_model
     r = subprocess.run([str(local_exe), str(out)], input="t1 t2\n", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and not r.stdout
-    assert r.stderr.strip() == f"{out}/config.json: a joint model (\"source_window\" in \"model\"): the in-process " \
-                               f"evaluator scores target-only CSLMs; score it with `cslm score --source --alignment`"
+    assert r.stderr.strip() == "line 1: expected 9 words (3 target, 5 source, the predicted word)"
+
+
+@pytest.mark.parametrize("damage", ["no-src-embed", "src-vocab-size", "no-src-vocab"])
+def test_a_damaged_joint_model_is_one_line_naming_the_file(local_exe, joint_model, tmp_path, damage):  # noqa: F811
+    from safetensors.torch import save_file
+
+    out, _ = joint_model
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    if damage == "no-src-embed":
+        tensors = load_file(str(bad / "model.safetensors"))
+        del tensors["src_embed.weight"]
+        save_file(tensors, str(bad / "model.safetensors"))
+        expect = f"{bad}/model.safetensors: no tensor src_embed.weight"
+    elif damage == "src-vocab-size":
+        with open(bad / "cslm.src.vocab", "a") as f:
+            f.write("extra\t1\n")
+        expect = f"{bad}/cslm.src.vocab: has "
+    else:
+        (bad / "cslm.src.vocab").unlink()
+        expect = f"{bad}/cslm.src.vocab: cannot read"
+    r = subprocess.run([str(local_exe), str(bad)], input="", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and not r.stdout and r.stderr.count("\n") == 1 and r.stderr.startswith(expect), r.stderr
+
+
+def test_the_moses_backend_refuses_a_joint_model_at_load(backend_exe, joint_model):  # noqa: F811
+    """The feature gives target n-grams only: a joint model fails at load rather than score without its source."""
+    out, _ = joint_model
+    r = subprocess.run([str(backend_exe), str(out)], input="t1 t2\n", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and not r.stdout
+    assert r.stderr.strip() == f"{out}: a joint model (source window 5) needs the source side, which the CSLM " \
+                               f"feature does not give yet"

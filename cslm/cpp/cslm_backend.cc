@@ -108,6 +108,14 @@ class ServerSession : public Backend::Session {
 
 LocalBackend::LocalBackend(const std::string& model_dir, int self_normalized, size_t history_slots, float floor)
     : dir_(model_dir), model_(model_dir), history_slots_(history_slots), floor_(floor) {
+  // The feature's n-grams carry the target history alone: a joint model would be scored without its source
+  // window, silently wrong, so it fails at load.
+  if (model_.source_window()) {
+    std::ostringstream m;
+    m << model_dir << ": a joint model (source window " << model_.source_window()
+      << ") needs the source side, which the CSLM feature does not give yet";
+    throw std::runtime_error(m.str());
+  }
   self_normalized_ = self_normalized == -1 ? model_.self_normalized() : self_normalized != 0;
   facts_.order = model_.order();
   facts_.bos = model_.bos_id();

@@ -221,8 +221,10 @@ std::vector<std::string> ReadVocabulary(const std::string& path) {
   return words;
 }
 
-LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0) {
-  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab";
+LocalModel::LocalModel(const std::string& dir)
+    : order_(0), window_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0) {
+  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab",
+                    src_voc_path = dir + "/cslm.src.vocab";
   const Json cfg = Json::Parse(ReadFile(cfg_path), cfg_path);
   const Json* format = cfg.Find("format");
   if (!format || !format->is_string() || format->string() != "cslm")
@@ -233,12 +235,13 @@ LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), s
       order->number() != static_cast<unsigned>(order->number()))
     throw Fail(cfg_path, "no valid \"order\" in \"model\"");
   order_ = static_cast<unsigned>(order->number());
-  // A joint model (NNJM) takes a source window beside the target history: this evaluator reads the target
-  // history alone, so it refuses one rather than score it without its source words.
+  // A joint model (NNJM): m source words follow the target history in each row; absent or 0 for a plain CSLM.
   const Json* window = model->Find("source_window");
-  if (window && !(window->is_number() && window->number() == 0))
-    throw Fail(cfg_path, "a joint model (\"source_window\" in \"model\"): the in-process evaluator scores "
-                         "target-only CSLMs; score it with `cslm score --source --alignment`");
+  if (window) {
+    const size_t m = WholeNumber(*window, cfg_path, "\"source_window\" in \"model\"");
+    if (m > 1024) throw Fail(cfg_path, "\"source_window\" in \"model\" is too large");
+    window_ = static_cast<unsigned>(m);
+  }
   const Json* meta = cfg.Find("meta");
   const Json* train = meta ? meta->Find("train_config") : 0;
   const Json* self_norm = train ? train->Find("self_norm") : 0;
@@ -257,10 +260,19 @@ LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), s
     eos_ = special["</s>"];
     unk_ = special["[UNK]"];
   }
-  const size_t V = words_.size(), C = order_ - 1;
+  if (window_) {
+    src_words_ = ReadVocabulary(src_voc_path);
+    const Json* size = model->Find("source_vocab_size");
+    if (size && WholeNumber(*size, cfg_path, "\"source_vocab_size\" in \"model\"") != src_words_.size()) {
+      std::ostringstream m;
+      m << "has " << src_words_.size() << " words but " << cfg_path << " says \"source_vocab_size\": " << size->number();
+      throw Fail(src_voc_path, m.str());
+    }
+  }
+  const size_t V = words_.size(), C = order_ - 1, M = window_, Vs = src_words_.size();
 
   SafeTensors st(st_path);
-  std::vector<float> embed, w1;
+  std::vector<float> embed, src_embed, w1;
   std::vector<size_t> s = st.Get("embed.weight", 2, &embed);
   if (s[0] != V) {
     std::ostringstream m;
@@ -268,23 +280,41 @@ LocalModel::LocalModel(const std::string& dir) : order_(0), embed_(0), h1_(0), s
     throw Fail(st_path, m.str());
   }
   embed_ = s[1];
+  if (M) {
+    if (!st.Has("src_embed.weight")) throw Fail(st_path, "no tensor src_embed.weight (a joint model's source embedding)");
+    s = st.Get("src_embed.weight", 2, &src_embed);
+    if (s[0] != Vs || s[1] != embed_) {
+      std::ostringstream m;
+      m << "src_embed.weight is " << s[0] << " x " << s[1] << " but " << src_voc_path << " has " << Vs
+        << " words of projection size " << embed_;
+      throw Fail(st_path, m.str());
+    }
+  }
   s = st.Get("hidden.0.weight", 2, &w1);
   h1_ = s[0];
-  if (s[1] != C * embed_) throw Fail(st_path, "hidden.0.weight does not take order-1 projections (order in config.json?)");
+  if (s[1] != (C + M) * embed_)
+    throw Fail(st_path, "hidden.0.weight does not take order-1 (+ source_window) projections (order in config.json?)");
   st.Get("hidden.0.bias", 1, &b1_);
 
   // T_p[w] = W_1[:, p*E:(p+1)*E] . embed[w]: the first layer's share of history
-  // position p, for every word (cslm/model.py `features`, premultiplied).
+  // position p, for every word (cslm/model.py `first_layer_tables`); a joint
+  // model's source positions q = C .. C+M-1 likewise with src_embed, into S.
   table_.assign(C * V * h1_, 0.0f);
+  src_table_.assign(M * Vs * h1_, 0.0f);
+  const size_t width = (C + M) * embed_;
   std::vector<float> w1t(embed_ * h1_);  // W_1's block of position p, transposed: [e][j]
-  for (size_t p = 0; p < C; ++p) {
+  std::vector<uint32_t> all(embed_);
+  for (size_t e = 0; e < embed_; ++e) all[e] = static_cast<uint32_t>(e);
+  const std::vector<float> zero(h1_, 0.0f);
+  for (size_t p = 0; p < C + M; ++p) {
     for (size_t j = 0; j < h1_; ++j)
-      for (size_t e = 0; e < embed_; ++e) w1t[e * h1_ + j] = w1[j * C * embed_ + p * embed_ + e];
-    std::vector<uint32_t> all(embed_);
-    for (size_t e = 0; e < embed_; ++e) all[e] = static_cast<uint32_t>(e);
-    const std::vector<float> zero(h1_, 0.0f);
-    for (size_t w = 0; w < V; ++w)
-      K().gemv(&w1t[0], h1_, &all[0], &embed[w * embed_], embed_, &zero[0], &table_[(p * V + w) * h1_]);
+      for (size_t e = 0; e < embed_; ++e) w1t[e * h1_ + j] = w1[j * width + p * embed_ + e];
+    const bool source = p >= C;
+    const size_t rows = source ? Vs : V;
+    const float* emb = source ? &src_embed[0] : &embed[0];
+    float* out = source ? &src_table_[(p - C) * Vs * h1_] : &table_[p * V * h1_];
+    for (size_t w = 0; w < rows; ++w)
+      K().gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], out + w * h1_);
   }
 
   size_t in = h1_;
@@ -316,9 +346,12 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
   const size_t V = words_.size();
   std::vector<float>& a = scratch->a;
   a.assign(b1_.begin(), b1_.end());
-  for (size_t p = 0; p + 1 < order_; ++p) {  // h_1 = relu(b_1 + sum_p T_p[w_p])
+  const size_t C = order_ - 1;
+  for (size_t p = 0; p < C; ++p) {  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
     K().add(h1_, &table_[(p * V + history[p]) * h1_], &a[0]);
   }
+  const size_t Vs = src_words_.size();
+  for (size_t q = 0; q < window_; ++q) K().add(h1_, &src_table_[(q * Vs + history[C + q]) * h1_], &a[0]);
   Relu(h1_, &a[0]);
   std::vector<float>& b = scratch->b;
   std::vector<uint32_t>& idx = scratch->idx;
@@ -366,7 +399,7 @@ float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
 }
 
 const float* LocalModel::CachedHidden(const uint32_t* history, Scratch* s) const {
-  const size_t C = order_ - 1, H = hidden_size();
+  const size_t C = row_size() - 1, H = hidden_size();  // the key: the target history and the source window
   if (s->slots == 0) {
     s->h.resize(H);
     Hidden(history, &s->h[0], s);
@@ -393,20 +426,23 @@ const float* LocalModel::CachedHidden(const uint32_t* history, Scratch* s) const
 
 void LocalModel::Score(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs,
                        Scratch* scratch) const {
-  const size_t V = words_.size();
+  const size_t V = words_.size(), Vs = src_words_.size(), C = order_ - 1, R = row_size();
   float log_z = 0;
   const float* h = 0;
-  const uint32_t* last = 0;  // consecutive n-grams often share their history
+  const uint32_t* last = 0;  // consecutive rows often share their history
   for (size_t i = 0; i < count; ++i) {
-    const uint32_t* g = ngrams + i * order_;
-    for (unsigned k = 0; k < order_; ++k)
+    const uint32_t* g = ngrams + i * R;
+    for (size_t k = 0; k < C; ++k)
       if (g[k] >= V) throw std::invalid_argument("cslm::LocalModel::Score: word id beyond the vocabulary");
-    if (!last || !std::equal(g, g + order_ - 1, last)) {
+    for (size_t k = C; k + 1 < R; ++k)
+      if (g[k] >= Vs) throw std::invalid_argument("cslm::LocalModel::Score: source word id beyond the source vocabulary");
+    if (g[R - 1] >= V) throw std::invalid_argument("cslm::LocalModel::Score: word id beyond the vocabulary");
+    if (!last || !std::equal(g, g + R - 1, last)) {
       h = CachedHidden(g, scratch);
       if (normalized) log_z = LogNormaliser(h, scratch);
       last = g;
     }
-    logprobs[i] = Activation(h, g[order_ - 1]) - (normalized ? log_z : 0.0f);
+    logprobs[i] = Activation(h, g[R - 1]) - (normalized ? log_z : 0.0f);
   }
 }
 

@@ -16,6 +16,18 @@
 // instead of the (n-1)*E x H_1 product. Memory: (n-1) * V * H_1 floats
 // (123 MB for the `small` preset, 553 MB for `paper`).
 //
+// A joint model (NNJM, Devlin et al. 2014; config.json's "source_window" m > 0,
+// its source shortlist in cslm.src.vocab) also reads m source words s_1 .. s_m,
+// the window centred on the source word the predicted word is affiliated to.
+// Its first layer takes them after the target history, each premultiplied the
+// same way with the source embedding:
+//
+//   h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])   q = 1 .. m
+//   S_q[s] = W_1[:, (n-1+q-1)*E:(n-1+q)*E] . src_embed[s]
+//
+// and a query row is w_1 .. w_{n-1}, s_1 .. s_m, w_n: row_size() = n + m ids
+// (m = 0 for a plain CSLM: the row is the n-gram). Extra memory: m * V_src * H_1 floats.
+//
 // Two ways to score (Score's `normalized`):
 //   * normalized: the exact log-probability, o_w - ln Z over the whole shortlist;
 //     what `cslm score` prints. Costs the V x H_last output product per history.
@@ -24,9 +36,9 @@
 //     whose ln Z stays near 0; what `cslm score --self-normalized` prints.
 //
 //   cslm::LocalModel lm("/models/cslm");            // throws std::runtime_error naming the file
-//   std::vector<uint32_t> ngram = {...};              // order() ids, oldest first, predicted last
+//   std::vector<uint32_t> row = {...};                // row_size() ids: history, source window, predicted word
 //   float lp;
-//   lm.Score(&ngram[0], 1, lm.self_normalized(), &lp, &scratch);
+//   lm.Score(&row[0], 1, lm.self_normalized(), &lp, &scratch);
 //
 // A LocalModel is read-only after construction: threads share one, each with
 // its own Scratch.
@@ -56,7 +68,7 @@ class LocalModel {
     std::vector<float> a, b, h;
     std::vector<uint32_t> idx;
     size_t slots;                  // 0: no history cache
-    std::vector<uint32_t> keys;    // slots x (order-1) ids; keys[slot*(order-1)] == kEmpty: unused
+    std::vector<uint32_t> keys;    // slots x (row_size-1) ids; keys[slot*(row_size-1)] == kEmpty: unused
     std::vector<float> values;     // slots x hidden_size()
     size_t hits, misses;
   };
@@ -65,9 +77,16 @@ class LocalModel {
   // missing, malformed or inconsistent (shapes, dtype, vocabulary size).
   explicit LocalModel(const std::string& model_dir);
 
+  // n: the target n-gram's order (the predicted word and n-1 history words).
   unsigned order() const { return order_; }
+  // m: a joint model's source window; 0 for a plain CSLM.
+  unsigned source_window() const { return window_; }
+  // Ids per query row: order() + source_window().
+  unsigned row_size() const { return order_ + window_; }
   size_t vocab_size() const { return words_.size(); }
   const std::vector<std::string>& vocabulary() const { return words_; }
+  // A joint model's source shortlist (cslm.src.vocab, its own ids); empty for a plain CSLM.
+  const std::vector<std::string>& source_vocabulary() const { return src_words_; }
   uint32_t bos_id() const { return bos_; }
   uint32_t eos_id() const { return eos_; }
   uint32_t unk_id() const { return unk_; }
@@ -76,17 +95,19 @@ class LocalModel {
   // noise-contrastive estimation (meta.train_config.objective "nce").
   bool self_normalized() const { return self_norm_ > 0 || nce_; }
   double self_norm_alpha() const { return self_norm_; }
-  size_t table_bytes() const { return table_.size() * sizeof(float); }
+  size_t table_bytes() const { return (table_.size() + src_table_.size()) * sizeof(float); }
   // The vector instructions the kernels use here: "avx512", "avx2" or "baseline".
   static const char* Kernels();
 
-  // Scores `count` n-grams of order() ids each (oldest first, predicted word
-  // last) into logprobs[0..count): o_w - ln Z if `normalized`, else o_w.
-  // Ids must be < vocab_size() (checked: std::invalid_argument).
+  // Scores `count` rows of row_size() ids each (the order()-1 history words
+  // oldest first, a joint model's source_window() source words, the predicted
+  // word last) into logprobs[0..count): o_w - ln Z if `normalized`, else o_w.
+  // Target ids must be < vocab_size(), source ids < source_vocabulary().size()
+  // (checked: std::invalid_argument).
   void Score(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs, Scratch* scratch) const;
 
-  // The last hidden layer for one history of order()-1 ids, into h
-  // (hidden_size() floats).
+  // The last hidden layer for one history, a row's first row_size()-1 ids (the
+  // target history, then the source window), into h (hidden_size() floats).
   void Hidden(const uint32_t* history, float* h, Scratch* scratch) const;
   // The same through the scratch's history cache: a pointer valid until the
   // next call with this scratch.
@@ -104,13 +125,15 @@ class LocalModel {
     std::vector<float> bias;
   };
 
-  unsigned order_;
+  unsigned order_, window_;
   size_t embed_, h1_;
   double self_norm_;
   bool nce_;
   std::vector<std::string> words_;
   uint32_t bos_, eos_, unk_;
   std::vector<float> table_;  // T[p][w][j], (order-1) x V x H_1
+  std::vector<std::string> src_words_;
+  std::vector<float> src_table_;  // S[q][s][j], source_window x V_src x H_1
   std::vector<float> b1_;
   std::vector<Layer> layers_;  // the rectified layers after the first
   std::vector<float> out_w_;   // V x H_last, row per word

@@ -4,6 +4,9 @@
 //   cslm_local_test MODEL_DIR < NGRAMS          one n-gram per line (order words,
 //       oldest first, fewer are left-padded with <s>); prints per line
 //       "EXACT SELFNORM": ln P(w | h) with the softmax, and o_w alone.
+//       A joint model (source window m > 0) reads whole rows instead: each line
+//       order-1 target words, m source words, the predicted target word, with
+//       <s>/</s> padding written out (ReadJointRows in cslm_test_input.h).
 //   cslm_local_test MODEL_DIR --bench SECONDS < NGRAMS
 //       scores the n-grams over and over for about SECONDS per mode; prints
 //       "selfnorm NGRAMS_PER_S" and "exact NGRAMS_PER_S".
@@ -27,7 +30,11 @@ int main(int argc, char** argv) {
     cslm::LocalModel lm(argv[1]);
     std::vector<uint32_t> flat;
     std::string error;
-    const size_t count = cslm::ReadNgrams(std::cin, lm.vocabulary(), lm.order(), lm.bos_id(), lm.unk_id(), &flat, &error);
+    const size_t count =
+        lm.source_window()
+            ? cslm::ReadJointRows(std::cin, lm.vocabulary(), lm.source_vocabulary(), lm.order(), lm.source_window(),
+                                  &flat, &error)
+            : cslm::ReadNgrams(std::cin, lm.vocabulary(), lm.order(), lm.bos_id(), lm.unk_id(), &flat, &error);
     if (!error.empty()) {
       std::cerr << error << std::endl;
       return 1;
