@@ -95,13 +95,13 @@ def new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def sibling_temporary(path: str, label: str) -> str:
-    """Create an empty temporary file beside `path`, named as `atomic_output`'s are
-    (`.NAME.HOST-PID.LABEL.XXXX.tmp`), so the one a killed run leaves behind is removed by
-    `remove_stale_temporaries` like theirs. Returns its path; the caller removes it."""
+def sibling_temporary(path: str, label: str = "") -> str:
+    """Create an empty temporary file beside `path`, `.NAME.HOST-PID.[LABEL.]XXXX.tmp` (`atomic_output`'s
+    have no label), so the one a killed run leaves behind is removed by `remove_stale_temporaries`.
+    Returns its path; the caller removes it."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{_host_tag()}-{os.getpid()}.{label}.",
-                               suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.{_host_tag()}-{os.getpid()}."
+                                      + (f"{label}." if label else ""), suffix=".tmp", dir=folder)
     os.close(fd)
     return tmp
 
@@ -197,8 +197,7 @@ def atomic_output(path: str, compress: bool | None = None, threads: int | None =
     folder = os.path.dirname(os.path.abspath(path))
     name = os.path.basename(path)
     remove_stale_temporaries(folder, name)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{_host_tag()}-{os.getpid()}.", suffix=".tmp", dir=folder)
-    os.close(fd)
+    tmp = sibling_temporary(path)
     try:
         if compress:
             stream = _FixedBlocks(igzip_threaded.open(tmp, "wb", threads=threads or default_threads()))
