@@ -99,10 +99,10 @@ def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
     setup = inbox.get()
     if setup is None:
         return
-    model_dir, token_budget, node_chunk, dtype, job = pickle.loads(setup)
+    model_dir, device, token_budget, node_chunk, dtype, job = pickle.loads(setup)
     torch.set_num_threads(1)
     try:
-        scorer, failure = PhraseScorer.from_dir(model_dir, device="cpu", token_budget=token_budget,
+        scorer, failure = PhraseScorer.from_dir(model_dir, device=device, token_budget=token_budget,
                                                 node_chunk=node_chunk, dtype=dtype), None
     except Exception as e:  # every window is answered with it
         scorer, failure = None, e
@@ -210,7 +210,7 @@ class WindowPool:
 
     def __enter__(self) -> "WindowPool":
         s = self.scorer
-        setup = pickle.dumps((s.model_dir, s.token_budget, s.node_chunk, s.dtype, self.job))
+        setup = pickle.dumps((s.model_dir, str(s.device), s.token_budget, s.node_chunk, s.dtype, self.job))
         try:
             for _ in range(self.workers - 1):  # they load the model while this process scores the first windows
                 self.processes.append(_Worker(setup, self.job.path))
