@@ -135,6 +135,7 @@ class Batcher:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cslm-engine")
         self.task: asyncio.Task | None = None
         self.stopping = False
+        self.computing = False  # a batch is being scored (in the worker thread, or on the loop's)
 
     # -- what the server tells it -------------------------------------------
     def attach(self) -> None:
@@ -160,6 +161,30 @@ class Batcher:
         self.waiting += len(rows)
         self.wakeup.set()
         return fut
+
+    def idle(self) -> bool:
+        """Whether a new request would be scored at once, alone: nothing waiting, nothing being scored, and
+        no other connection whose request a batch would wait for (`_should_wait`). Such a request may be
+        scored on the caller's thread (`score_now`), with the same result and less bookkeeping."""
+        return (not self.turns and not self.computing and not self.stopping
+                and (self.attached <= 1 or self.max_delay <= 0))
+
+    def score_now(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Score `rows` on the caller's thread, as one batch: the server's fast path for a small request
+        that finds the batcher `idle` (no other request to batch with, none to wait behind)."""
+        self.computing = True
+        try:
+            logp, flags = self.scorer(rows)
+        finally:
+            self.computing = False
+        self._count(len(rows), 1)
+        return logp, flags
+
+    def _count(self, ngrams: int, requests: int) -> None:
+        self.stats.batches += 1
+        self.stats.batch_ngrams_total += ngrams
+        self.stats.batch_ngrams_max = max(self.stats.batch_ngrams_max, ngrams)
+        self.stats.batch_requests_total += requests
 
     def stop(self) -> None:
         """Score what is queued, then end `run`."""
@@ -203,6 +228,7 @@ class Batcher:
             req, start, stop = batch[0]
             rows = req.rows[start:stop] if len(batch) == 1 else \
                 np.concatenate([r.rows[a:b] for r, a, b in batch])
+            self.computing = True
             try:
                 if total <= INLINE_ROWS:  # a thread hop would cost more than the forward pass
                     logp, flags = self.scorer(rows)
@@ -213,10 +239,9 @@ class Batcher:
                     if not r.future.done():
                         r.future.set_exception(e)
                 continue
-            self.stats.batches += 1
-            self.stats.batch_ngrams_total += total
-            self.stats.batch_ngrams_max = max(self.stats.batch_ngrams_max, total)
-            self.stats.batch_requests_total += len(batch)
+            finally:
+                self.computing = False
+            self._count(total, len(batch))
             self._hand_back(batch, logp, flags)
 
     def _take(self) -> list[tuple[Request, int, int]]:

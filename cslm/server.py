@@ -43,7 +43,7 @@ from mtcommon.errors import UserError
 from mtcommon.finite import NonFiniteScores
 
 from . import protocol as P
-from .batcher import Batcher, CachedScorer
+from .batcher import INLINE_ROWS, Batcher, CachedScorer
 from .engine import Engine
 from .limits import LISTEN_BACKLOG, OUT_OF_RESOURCES, ByteBudget, ServerConfig, connection_limit, open_file_limit
 from .stats import RateLimitedLog, Stats, shutdown_summary, startup_message
@@ -95,6 +95,10 @@ class Server:
         self.log = RateLimitedLog(self.cfg.log_interval)
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
+        if not engine.normalized and engine.device.type == "cpu":
+            # the self-normalised path on a CPU: a history met again costs one output row. On a GPU the
+            # hidden layers cost less than the cache's bookkeeping (docs/cslm.md, "The history cache")
+            engine.cache_histories(self.cfg.history_cache)
         self.budget = ByteBudget(self.cfg.max_total_bytes)
         v = engine.vocab
         self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,
@@ -277,8 +281,16 @@ class Server:
                 elif type_ == P.SCORE:
                     rows = self.engine.left_pad(P.decode_score(payload, self.engine.order, len(self.engine.vocab)))
                     del payload
-                    self._spawn(conn, self._score(writer, conn, rid, rows, None, t0), taken)
-                    taken = 0  # given back when that request is answered
+                    if len(rows) <= INLINE_ROWS and self.batcher.idle():
+                        # the fast path: a small request with nothing to batch with, scored here and now, as the
+                        # batcher would (on the loop's thread), without its task, future and turn. Larger ones
+                        # go to the worker thread, so that the loop stays free for other connections meanwhile.
+                        if not self._answer(writer, rid, rows, None, t0, lambda: self.batcher.score_now(rows)):
+                            await self._drain(writer)
+                            return
+                    else:
+                        self._spawn(conn, self._score(writer, conn, rid, rows, None, t0), taken)
+                        taken = 0  # given back when that request is answered
                 elif type_ == P.SCORE_TEXT:
                     grams = P.decode_score_text(payload, self.engine.order)
                     del payload
@@ -348,24 +360,42 @@ class Server:
         await self._error(writer, P.parse_header(head)[2], P.E_SHUTTING_DOWN, "the server is shutting down")
 
     async def _score(self, writer, conn: _Conn, rid: int, rows: np.ndarray, grams, t0: float) -> None:
+        """A request through the batcher: answered when its batch (or its last slice's) is scored."""
         try:
-            logp, flags = await self.batcher.submit(rows, conn)
+            scored = await self.batcher.submit(rows, conn)
+        except Exception as e:  # noqa: BLE001 -- answered by _answer, as on the fast path
+            failure = e
+
+            def scores():
+                raise failure
+        else:
+            def scores():
+                return scored
+        if self._answer(writer, rid, rows, grams, t0, scores):
+            await self._drain(writer)
+        else:
+            await self._drain(writer)
+            writer.close()
+
+    def _answer(self, writer, rid: int, rows: np.ndarray, grams, t0: float, scores) -> bool:
+        """Write the reply to one score request: SCORES with what `scores()` returns (back-off applied to text
+        requests), or an ERROR when it raises. False when the connection must close (a failed request)."""
+        try:
+            logp, flags = scores()
             if grams is not None and self.engine.backoff is not None:
                 self.engine.apply_backoff(grams, logp, flags)
         except NonFiniteScores as e:  # the engine's check (`Engine._run`): never a NaN or an infinity on the wire;
             # the model's weights are broken: every client is told, the log once a while
             self.log.event("nonfinite", f"cslm: {e}; answered with an error")
-            await self._error(writer, rid, P.E_INTERNAL, str(e))
-            writer.close()
-            return
-        except Exception as e:  # the error reply closes this connection only
-            await self._error(writer, rid, P.E_INTERNAL, f"scoring failed: {e}")
-            writer.close()
-            return
+            self._error_now(writer, rid, P.E_INTERNAL, str(e))
+            return False
+        except Exception as e:  # noqa: BLE001 -- the error reply closes this connection only
+            self._error_now(writer, rid, P.E_INTERNAL, f"scoring failed: {e}")
+            return False
         self.stats.ngrams += len(rows)
         writer.write(P.frame(P.SCORES, rid, P.encode_scores(logp, flags)))
         self.stats.latencies.append(time.perf_counter() - t0)
-        await self._drain(writer)
+        return True
 
     async def _drain(self, writer: asyncio.StreamWriter) -> bool:
         """Wait for the client to take what was written, within `frame_timeout`; False: closed (stalled, gone)."""
@@ -384,10 +414,17 @@ class Server:
         self.log.event(f"stalled:{why}", f"cslm: closed a connection: {why} within {self.cfg.frame_timeout:g} s "
                                          f"(--frame-timeout)")
 
-    async def _error(self, writer, rid: int, code: int, message: str) -> None:
+    def _error_now(self, writer, rid: int, code: int, message: str) -> None:
+        """Write an ERROR reply (the caller drains)."""
         self.stats.errors += 1
         try:
             writer.write(P.frame(P.ERROR, rid, P.encode_error(code, message)))
+        except ConnectionError:
+            pass
+
+    async def _error(self, writer, rid: int, code: int, message: str) -> None:
+        self._error_now(writer, rid, code, message)
+        try:
             await _within(writer.drain(), asyncio.get_running_loop().time() + self.cfg.frame_timeout)
         except (ConnectionError, asyncio.TimeoutError):
             pass
@@ -398,6 +435,9 @@ class Server:
         d["config"] = asdict(self.cfg)
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
                       "scores": self.engine.scores, "device": str(self.engine.device)}
+        hc = self.engine.history_cache
+        d["history_cache"] = {"hits": hc.hits, "misses": hc.misses, "size": len(hc), "capacity": hc.slots} \
+            if hc is not None else {"hits": 0, "misses": 0, "size": 0, "capacity": 0}
         return d
 
 
