@@ -323,6 +323,10 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
               help="Longest wait for other requests to join a batch (microseconds).")
 @click.option("--cache-size", type=click.IntRange(min=0), default=1_000_000, show_default=True,
               help="N-gram cache entries (0: no cache).")
+@click.option("--history-cache", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
+                   "n-gram of a history met before costs one output row; pays for large models (memory: this x the "
+                   "last layer x 4 bytes; e.g. 16384). 0: none.")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
@@ -350,7 +354,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame, idle_timeout, frame_timeout,
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, history_cache, max_frame, idle_timeout, frame_timeout,
           max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device, threads,
           port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
@@ -363,7 +367,8 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, max_frame,
     require_model_dir(model_dir, "cslm")
     # impossible limits and an unwritable port file are refused before the model loads
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
-                       cache_size=cache_size, max_frame=max_frame, idle_timeout=idle_timeout,
+                       cache_size=cache_size, history_cache=history_cache, max_frame=max_frame,
+                       idle_timeout=idle_timeout,
                        frame_timeout=frame_timeout, max_connections=max_connections, max_pending=max_pending,
                        max_conn_bytes=max_conn_bytes, max_total_bytes=max_total_bytes)
     connection_limit(max_connections)

@@ -82,6 +82,58 @@ def trained_self_normalized(meta: dict) -> bool:
     return (train_self_norm(meta) or 0.0) > 0 or config.get("objective") == "nce"
 
 
+class HistoryCache:
+    """The last hidden layer h of recently scored histories, in a direct-mapped table: a history met again
+    costs one output row (`CSLM.output_rows`), not the network's layers. A decoder expands each hypothesis
+    with many phrases whose first words share its history, in request after request; the C++ evaluator keeps
+    the same kind of cache per decoder thread (cslm/cpp/cslm_local.h, `LocalModel::Scratch`).
+
+    Each history hashes to one of `slots` rows; a row holds the last history stored there, so a lookup and
+    an update are a few vectorised array operations per call, whatever the number of histories. The values
+    are those the engine computed for the history in an earlier batch, so cached scores equal uncached ones
+    bit for bit where the engine's results do not depend on the batch (on the CPU, docs/cslm.md "Library")."""
+
+    def __init__(self, slots: int, context: int, width: int, device: torch.device):
+        self.slots = slots
+        self.keys = np.full((slots, context), -1, np.int64)  # the history in each row; -1: empty
+        self.values = torch.zeros((slots, width), dtype=torch.float32, device=device)
+        # odd multipliers of a multiplicative hash over the n-1 ids (fixed: the same table on every run)
+        self.mult = np.random.default_rng(12345).integers(1, 1 << 62, size=context, dtype=np.int64) | 1
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return int((self.keys[:, 0] >= 0).sum())
+
+    def features(self, histories: np.ndarray, compute) -> torch.Tensor:
+        """(U, n-1) histories -> (U, width) h: the cached rows, and `compute(missed histories)` for the
+        others, which then take their rows (the first of several missed histories with the same row)."""
+        ids = histories.astype(np.int64)
+        with np.errstate(over="ignore"):  # the hash wraps around on purpose
+            mixed = (ids * self.mult).sum(axis=1)
+        slot = (mixed ^ (mixed >> 29)) % self.slots  # (U,) rows; a non-negative remainder for a positive modulus
+        hit = (self.keys[slot] == ids).all(axis=1)
+        miss = np.flatnonzero(~hit)
+        self.misses += len(miss)
+        self.hits += len(ids) - len(miss)
+        if not len(miss):
+            return self.values[self._index(slot)]
+        h = compute(np.ascontiguousarray(histories[miss]))[: len(miss)]
+        if len(miss) < len(ids):
+            out = torch.empty((len(ids), self.values.shape[1]), dtype=torch.float32, device=self.values.device)
+            found = np.flatnonzero(hit)
+            out[self._index(found)] = self.values[self._index(slot[found])]  # read before the rows change
+            out[self._index(miss)] = h
+        else:
+            out = h
+        rows, first = np.unique(slot[miss], return_index=True)  # one history per row
+        self.keys[rows] = ids[miss[first]]
+        self.values[self._index(rows)] = h[self._index(first)]
+        return out
+
+    def _index(self, positions: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.values.device)
+
+
 class Engine:
     def __init__(self, model: CSLM, vocab: Vocabulary, device: str | torch.device = "cpu",
                  backoff: KenLMBackoff | None = None, chunk: int = 2048, normalized: bool = True,
@@ -104,6 +156,7 @@ class Engine:
         self.train_self_norm: float | None = None  # alpha of the training's (ln Z)^2 penalty, if known (load())
         self.trained_self_normalized = False  # the (ln Z)^2 penalty or NCE in training (load())
         self._tables: torch.Tensor | None = None
+        self.history_cache: HistoryCache | None = None  # `cache_histories`
 
     @classmethod
     def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048,
@@ -115,6 +168,12 @@ class Engine:
         eng.train_self_norm = train_self_norm(m.meta)
         eng.trained_self_normalized = trained_self_normalized(m.meta)
         return eng
+
+    def cache_histories(self, capacity: int) -> None:
+        """Keep the last hidden layer of up to `capacity` recent histories (`HistoryCache`; 0: none). Only the
+        self-normalised path uses it: the exact one needs every output row anyway."""
+        cfg = self.model.config
+        self.history_cache = HistoryCache(capacity, cfg.context, cfg.hidden[-1], self.device) if capacity > 0 else None
 
     @property
     def scores(self) -> str:
@@ -254,7 +313,11 @@ class Engine:
     def _chunk_self_normalized(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor,
                                width: int = 1) -> np.ndarray:
         """o_w = out.weight[w] . h + out.bias[w] for one chunk: premultiplied first layer, one output row each."""
-        h = self.model.features_from_tables(self.tables, self._padded(rows))  # (C, H) float32
+        def features(histories: np.ndarray) -> torch.Tensor:  # (C, H) float32, C >= len(histories)
+            return self.model.features_from_tables(self.tables, self._padded(histories))
+
+        cache = self.history_cache
+        h = features(rows) if cache is None else cache.features(rows, features)
         o = self.model.output_rows(h[local.to(self.device)], targets.to(self.device))
         return o[:, None].cpu().numpy()
 

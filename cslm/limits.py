@@ -22,6 +22,7 @@ class ServerConfig:
     max_batch: int = 8192  # n-grams per engine call
     max_delay: float = 0.0002  # seconds a request may wait for others to fill a batch (at most MAX_DELAY_US)
     cache_size: int = 1_000_000  # n-grams; 0 disables the cache
+    history_cache: int = 0  # rows of the history cache (self-normalised scores on a CPU); 0: none
     max_frame: int = P.DEFAULT_MAX_FRAME
     idle_timeout: float = 300.0
     frame_timeout: float = 30.0  # seconds for a frame to arrive whole once begun, and for a reply to be taken
@@ -42,7 +43,7 @@ class ServerConfig:
 # The command-line option that sets each checked field, for one-line errors.
 OPTIONS = {"max_delay": "--max-delay-us", "max_frame": "--max-frame", "max_pending": "--max-pending",
            "max_conn_bytes": "--max-conn-bytes", "max_total_bytes": "--max-total-bytes",
-           "frame_timeout": "--frame-timeout"}
+           "frame_timeout": "--frame-timeout", "history_cache": "--history-cache"}
 
 
 def check_config(cfg: ServerConfig) -> None:
@@ -52,6 +53,8 @@ def check_config(cfg: ServerConfig) -> None:
         raise UserError(f"{OPTIONS['max_delay']} must be within 0..{MAX_DELAY_US}, got {cfg.max_delay * 1e6:g}")
     if cfg.max_pending < 1:
         raise UserError(f"{OPTIONS['max_pending']} must be at least 1, got {cfg.max_pending}")
+    if cfg.history_cache < 0:
+        raise UserError(f"{OPTIONS['history_cache']} must be at least 0, got {cfg.history_cache}")
     if cfg.frame_timeout <= 0:
         raise UserError(f"{OPTIONS['frame_timeout']} must be above 0, got {cfg.frame_timeout}")
     for name, floor in (("max_conn_bytes", "max_frame"), ("max_total_bytes", "max_conn_bytes")):

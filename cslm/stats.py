@@ -134,6 +134,10 @@ def shutdown_summary(stats: dict) -> str:
     score = by_type.get("score", 0) + by_type.get("score_text", 0)
     looked = stats["cache"]["hits"] + stats["cache"]["misses"]
     hits = f", {100 * stats['cache']['hits'] / looked:.0f}% from the cache" if looked else ""
+    history = stats.get("history_cache", {})
+    seen = history.get("hits", 0) + history.get("misses", 0)
+    if seen:
+        hits += f", {100 * history['hits'] / seen:.0f}% of {seen} histories from the history cache"
     return (f"cslm: server stopped after {stats['uptime_s']:.0f} s: {score} score requests, {stats['ngrams']} n-grams"
             f"{hits}, {stats['connections']['total']} connections; latency p50 {stats['latency_ms']['p50']} ms, "
             f"p99 {stats['latency_ms']['p99']} ms")

@@ -99,6 +99,48 @@ def test_self_normalized_scores_do_not_depend_on_the_batch():
     assert np.array_equal(fast.score_ids(grams[::-1])[0], together[::-1])
 
 
+@pytest.mark.parametrize("capacity", [7, 64, 5000])
+def test_the_history_cache_changes_no_score(capacity):
+    """Cached last layers give the uncached scores bit for bit, whatever the cache evicts: histories met in
+    earlier calls, twice in one call, in calls below and above the engine's de-duplication threshold."""
+    model, vocab = peaked_model(vocab_size=200, order=7, embed=16, hidden=(64, 32))
+    plain = Engine(model, vocab, "cpu", normalized=False)
+    cached = Engine(model, vocab, "cpu", normalized=False)
+    cached.cache_histories(capacity)
+    rng = np.random.default_rng(capacity)
+    histories = rng.integers(0, 200, size=(40, 6))
+    for n in [1, 3, 30, 31, 200, 900, 2, 1500]:
+        grams = np.concatenate([histories[rng.integers(0, 40, n)], rng.integers(0, 200, (n, 1))], axis=1)
+        assert np.array_equal(cached.score_ids(grams)[0], plain.score_ids(grams)[0])
+    cache = cached.history_cache
+    assert cache.hits > 0 and cache.misses >= 40 and 0 < len(cache) <= min(capacity, 40)
+    stored = {tuple(k) for k in cache.keys if k[0] >= 0}
+    assert stored <= {tuple(h) for h in histories}  # each row holds one of the histories met
+
+
+def test_the_history_cache_benchmark_compares_equal_scores():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_cslm_selfnorm import history_cache_rates, random_model
+
+    model, vocab = random_model("tiny", None)
+    r = history_cache_rates(model.eval(), vocab, rows=16384, repeats=1, requests=5)
+    assert r["scores_equal"] and 0.5 < r["hit_rate"] <= 1.0  # every history met before, but for collisions
+    assert r["cached_ngrams_per_s"] > 0 and r["uncached_ngrams_per_s"] > 0
+
+
+def test_the_history_cache_is_for_the_self_normalized_path():
+    model, vocab = peaked_model()
+    exact = Engine(model, vocab, "cpu")
+    exact.cache_histories(100)
+    exact.score_ids(np.array([[1, 2, 3, 4]] * 3, np.int32))
+    assert exact.history_cache.hits == exact.history_cache.misses == 0  # the softmax needs every output row
+    exact.cache_histories(0)
+    assert exact.history_cache is None
+
+
 def test_the_tables_are_built_once_on_first_use():
     model, vocab = peaked_model()
     fast = Engine(model, vocab, "cpu", normalized=False)

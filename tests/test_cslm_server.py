@@ -199,6 +199,26 @@ def test_stats_count_a_known_sequence_exactly(engine):  # noqa: F811
     assert st["connections"] == {"open": 1, "total": 1} and st["latency_ms"]["window"] == 4
 
 
+def test_a_self_normalized_server_keeps_histories_and_answers_as_the_engine(cslm_model):  # noqa: F811
+    """The self-normalised server scores through its history cache (STATS counts it), small requests of a lone
+    client on the fast path and larger ones through the batcher, and answers what the engine does."""
+    engine = Engine.load(str(cslm_model), device="cpu", normalized=False)
+    reference = Engine.load(str(cslm_model), device="cpu", normalized=False)
+    s = ServerThread(engine, cache_size=0, history_cache=1000)
+    try:
+        grams = random_ngrams(engine, 300, 7, seed=3)
+        grams[100:, :-1] = grams[:200, :-1]  # the later n-grams repeat earlier histories
+        with Client("127.0.0.1", s.port) as c, Client("127.0.0.1", s.port) as d:
+            for client, part in ((c, grams[:100]), (d, grams[100:120]), (c, grams[120:])):
+                assert np.array_equal(client.score(part)[0], reference.score_ids(part)[0])
+            st = c.stats()
+    finally:
+        s.stop()
+    assert st["model"]["scores"] == "self-normalized"
+    hc = st["history_cache"]
+    assert hc["capacity"] == 1000 and hc["hits"] > 0 and hc["hits"] + hc["misses"] >= len(np.unique(grams[:, :-1], axis=0))
+
+
 # -- robustness ---------------------------------------------------------------------
 def test_oversized_frame_is_refused(engine):  # noqa: F811
     s = ServerThread(engine, max_frame=1024)
