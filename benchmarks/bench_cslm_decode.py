@@ -50,6 +50,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import socket
 import statistics
 import subprocess
@@ -139,12 +140,13 @@ class Server:
     """`cslm serve MODEL` on a free port for the duration of a `with` block."""
 
     def __init__(self, model: str, self_normalized: bool, threads: int, device: str = "auto",
-                 cpus: set[int] | None = None):
+                 cpus: set[int] | None = None, extra: list[str] | None = None):
         self.port = free_port()
         args = [sys.executable, "-m", "cslm.cli", "serve", model, "--port", str(self.port), "--threads", str(threads),
                 "--device", device]
         if self_normalized:
             args.append("--self-normalized")
+        args += extra or []
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      preexec_fn=pinned(cpus))
 
@@ -215,6 +217,8 @@ def main() -> None:
                          "phrase-table.gz may be absent when --work holds the filtered table")
     ap.add_argument("--server-device", default="auto", help="`cslm serve --device` for the server rows [auto: "
                                                             "cuda when there is one]")
+    ap.add_argument("--server-args", default="", help="more `cslm serve` options for the server rows, e.g. "
+                                                      "\"--history-cache 0\"")
     ap.add_argument("--server-threads", type=int, help="`cslm serve --threads` [--threads]")
     ap.add_argument("--cube-threads", type=int, nargs="+", metavar="N",
                     help="decoder threads of the server-cube rows, one row per N and cube [--threads]; a baseline "
@@ -294,7 +298,7 @@ def main() -> None:
             ahead = ahead or corner
             for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
                 with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,
-                            scpus) as server:
+                            scpus, shlex.split(args.server_args)) as server:
                     line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 buffer=4096"
                     ini = work / f"cslm-server-cube-{corner}-{ahead}.ini"
                     moses_ini(ini, table, lm, f"{line} corner={corner} ahead={ahead}")
@@ -306,7 +310,8 @@ def main() -> None:
     for mode in ("server-buffered", "server"):
         if mode not in args.modes:
             continue
-        with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device, scpus) as server:
+        with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device, scpus,
+                    shlex.split(args.server_args)) as server:
             line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1"
             ini = work / f"cslm-{mode}.ini"
             if mode == "server-buffered":

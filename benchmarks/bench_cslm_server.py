@@ -1,6 +1,6 @@
 """N-grams per second in process against through `cslm serve` with 1, 8 and 64 clients; small-request latency.
 
-    python benchmarks/bench_cslm_server.py MODEL_DIR TEXT [--clients 1 8 64] [--request 256]
+    python benchmarks/bench_cslm_server.py MODEL_DIR TEXT [--clients 1 8 64] [--request 256] [--self-normalized]
 
 The n-grams are those of the sentences of TEXT (every word and </s>, history
 padded with <s>). In process: `Engine.score_ids` on batches of --max-batch
@@ -8,6 +8,7 @@ n-grams. Through the server: a `cslm serve` child process (n-gram cache off,
 so every n-gram is computed) and C concurrent connections from this process,
 each with one request of --request n-grams in flight at a time, as a decoder
 thread would. Latency: one blocking client sending requests of 1 and of 16 n-grams.
+--self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities.
 Prints a JSON report (and writes it with --json).
 """
 
@@ -82,13 +83,16 @@ def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
     return {f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)}
 
 
-def start_server(model_dir: str, device: str, threads: int | None, max_batch: int, max_delay_us: int):
+def start_server(model_dir: str, device: str, threads: int | None, max_batch: int, max_delay_us: int,
+                 self_normalized: bool = False):
     folder = tempfile.mkdtemp(prefix="cslm-bench-")
     port_file = os.path.join(folder, "port")
     cmd = [sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file", port_file,
-           "--cache-size", "0", "--device", device, "--max-batch", str(max_batch), "--max-delay-us", str(max_delay_us)]
+           "--cache-size", "0", "--history-cache", "0", "--device", device, "--max-batch", str(max_batch), "--max-delay-us", str(max_delay_us)]
     if threads:
         cmd += ["--threads", str(threads)]
+    if self_normalized:
+        cmd.append("--self-normalized")
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     while not os.path.exists(port_file):
         if proc.poll() is not None:
@@ -110,6 +114,8 @@ def main() -> None:
     ap.add_argument("--latency-requests", type=int, default=300)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--self-normalized", action="store_true",
+                    help="both sides answer o_w (premultiplied first layer, one output row), as Moses asks")
     ap.add_argument("--json", help="also write the report here")
     a = ap.parse_args()
 
@@ -117,11 +123,12 @@ def main() -> None:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    engine = Engine.load(a.model_dir, device=a.device)
+    engine = Engine.load(a.model_dir, device=a.device, normalized=not a.self_normalized)
     grams = load_ngrams(engine, a.text, a.ngrams)
     report = {
         "model": engine.model.config.to_dict(),
         "device": a.device,
+        "scores": engine.scores,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "ngrams": int(len(grams)),
@@ -130,7 +137,7 @@ def main() -> None:
         "in_process_ngrams_per_s": round(in_process(engine, grams, a.max_batch)),
     }
     del engine
-    proc, port = start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us)
+    proc, port = start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized)
     try:
         for c in a.clients:
             rate = asyncio.run(through_server(port, grams, c, a.request))

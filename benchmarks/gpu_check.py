@@ -21,6 +21,7 @@ Checks, in order (later ones use what earlier ones trained):
   train_paper   `moses-rnn train --preset paper` for about a minute on a 200,000-line slice of
                 the shared table: pairs/s and the model arithmetic it implies as a fraction of
                 the measured matmul rates (target: >= 0.4 of bf16);
+  train_batch   the same with --batch-size 2048 for about 25 s: what the recipe's batch leaves idle;
   score_fp32, score_bf16
                 `moses-rnn score` of a 1,000,000-line slice with that model (pairs/s as the
                 command reports it: reading, scoring, writing; target >= 2M pairs/s on an
@@ -28,13 +29,18 @@ Checks, in order (later ones use what earlier ones trained):
                 the appended column (bound: mean <= 0.02, docs/scoring.md);
   score_sharded `torchrun --nproc-per-node K moses-rnn score` (K = 2 where there are two GPUs,
                 or on CPU; else 1): output byte-identical to one process;
+  score_workers `moses-rnn score --workers K` (K = 4 and 8: K-1 worker processes beside the main
+                one, all on the same GPU): pairs/s, output byte-identical to one process;
   train_sent, translate, rescore_nbest
                 an RNNsearch sentence model trained for 30 s (`moses-rnn train --corpus`),
                 `moses-rnn translate` of 300 dev sentences (sentences/s, beam 5) and
                 `moses-rnn rescore-nbest` of their 5-best lists;
-  cslm_train    `cslm train --preset paper` for about 30 s: n-grams/s and the fraction of
+  cslm_train    `cslm train --preset paper --self-norm 0.1` (self-normalised, as the pipeline's
+                CSLM) for about 30 s: n-grams/s and the fraction of
                 the matmul rates;
-  cslm_server   benchmarks/bench_cslm_server.py on that model: the engine alone
+  cslm_server, cslm_server_sn
+                benchmarks/bench_cslm_server.py on that model, exact scores and self-normalised
+                ones (--self-normalized, the mode Moses uses): the engine alone
                 (Engine.score_ids) and through `cslm serve` with 1 and 8 clients
                 (target: through the server >= 0.8 of the engine);
   cslm_decode   benchmarks/bench_cslm_decode.py (server, buffered, cube pruning) with --moses,
@@ -102,6 +108,8 @@ class Sizes:
     cslm_args: list[str]
     server_args: list[str]
     decode_args: list[str]
+    batch_args: list[str]  # train_batch: the paper preset with a large batch
+    score_workers: list[int]  # score_workers: --workers values tried
 
 
 GPU = Sizes(
@@ -113,9 +121,12 @@ GPU = Sizes(
                "--max-minutes", "0.4", "--valid-pairs", "200"],
     translate_lines=300, nbest_lines=300,
     cslm_preset="paper", cslm_lines=60_000,
-    cslm_args=["--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
+    cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
     decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
+    batch_args=["--batch-size", "2048", "--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4",
+                "--valid-pairs", "500"],
+    score_workers=[4, 8],
 )
 DRY = Sizes(
     matmul=256, train_preset="tiny", train_lines=2000,
@@ -125,21 +136,23 @@ DRY = Sizes(
     sent_args=["--max-len", "50", "--max-steps", "10", "--eval-every", "5", "--valid-pairs", "20"],
     translate_lines=20, nbest_lines=10,
     cslm_preset="tiny", cslm_lines=400,
-    cslm_args=["--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
+    cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
     server_args=["--ngrams", "4000", "--clients", "1", "4", "--latency-requests", "10"],
     decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
+    batch_args=["--batch-size", "256", "--max-steps", "20", "--eval-every", "10", "--valid-pairs", "20"],
+    score_workers=[2],
 )
 
 # per check: its own timeout (seconds), within what is left of --budget
-TIMEOUTS = {"matmul": 30, "train_paper": 120, "score_fp32": 90, "score_bf16": 90, "score_sharded": 90,
-            "train_sent": 80, "translate": 40, "rescore_nbest": 60, "cslm_train": 80, "cslm_server": 60,
+TIMEOUTS = {"matmul": 30, "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90, "score_sharded": 90, "score_workers": 120,
+            "train_sent": 80, "translate": 40, "rescore_nbest": 60, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60,
             "cslm_decode": 300}
 
 
 # what each check uses of an earlier one: the matmul rates, the models trained, the fp32 output
-NEEDS = {"train_paper": ["matmul"], "score_fp32": ["train_paper"], "score_bf16": ["score_fp32"],
-         "score_sharded": ["score_fp32"], "translate": ["train_sent"], "rescore_nbest": ["train_sent"],
-         "cslm_train": ["matmul"], "cslm_server": ["cslm_train"], "cslm_decode": ["cslm_train"]}
+NEEDS = {"train_paper": ["matmul"], "train_batch": ["matmul"], "score_fp32": ["train_paper"],
+         "score_bf16": ["score_fp32"], "score_sharded": ["score_fp32"], "score_workers": ["score_fp32"], "translate": ["train_sent"], "rescore_nbest": ["train_sent"],
+         "cslm_train": ["matmul"], "cslm_server": ["cslm_train"], "cslm_server_sn": ["cslm_train"], "cslm_decode": ["cslm_train"]}
 
 
 def with_needs(names: list[str]) -> set[str]:
@@ -370,16 +383,21 @@ class GpuCheck:
         return [
             ("matmul", self.matmul, []),
             ("train_paper", self.train_paper, [Target("fraction_of_bf16_matmul", ">=", 0.4, gpu_only=True)]),
+            ("train_batch", self.train_batch, []),
             ("score_fp32", lambda c: self.score(c, "fp32"), [Target("pairs_per_s", ">=", 2e6, gpu_only=True)]),
             ("score_bf16", lambda c: self.score(c, "bf16"),
              [Target("pairs_per_s", ">=", 2e6, gpu_only=True), Target("mean_abs_delta_logp", "<=", 0.02)]),
             ("score_sharded", self.score_sharded, [Target("identical_to_one_process", "==", True)]),
+            ("score_workers", self.score_workers, [Target("identical_to_one_process", "==", True),
+                                                   Target("pairs_per_s", ">=", 2e6, gpu_only=True)]),
             ("train_sent", self.train_sent, []),
             ("translate", self.translate, []),
             ("rescore_nbest", self.rescore_nbest, []),
             ("cslm_train", self.cslm_train, []),
             ("cslm_server", self.cslm_server, [Target("server_1_client_vs_engine", ">=", 0.8),
                                                Target("server_many_clients_vs_engine", ">=", 0.8)]),
+            ("cslm_server_sn", lambda c: self.cslm_server(c, self_normalized=True),
+             [Target("server_1_client_vs_engine", ">=", 0.8), Target("server_many_clients_vs_engine", ">=", 0.8)]),
             ("cslm_decode", self.cslm_decode, [Target("best_ratio_to_baseline", "<=", 5.0 if self.dry_run else 3.0)]),
         ]
 
@@ -411,18 +429,28 @@ class GpuCheck:
                 for d in ("bf16", "fp32") if m[f"{d}_tflops"] > 0}
 
     def train_paper(self, c: Check) -> dict:
+        figures = self.train_rnn(c, "rnn-model", self.sizes.train_args)
+        self.state["rnn_model"] = os.path.join(self.work, "rnn-model")
+        return figures
+
+    def train_batch(self, c: Check) -> dict:
+        """The same preset with a large batch: how much of the GPU the recipe's small batch leaves idle."""
+        batch = int(self.sizes.batch_args[self.sizes.batch_args.index("--batch-size") + 1])
+        return {"batch_size": batch, **self.train_rnn(c, "rnn-model-batch", self.sizes.batch_args)}
+
+    def train_rnn(self, c: Check, name: str, args: list[str]) -> dict:
+        """`moses-rnn train` of the preset on the slice into work/`name`: its steady pairs/s and arithmetic rate."""
         from bench_train import rnn_flops_per_pair, table_lengths
 
         s = self.sizes
         table = self.table(s.train_lines)
-        model = os.path.join(self.work, "rnn-model")
+        model = os.path.join(self.work, name)
         with ThreadPoolExecutor(1) as pool:  # the slice's phrase lengths, read while the command trains
             lengths = pool.submit(table_lengths, table)
             p = c.run([*tool("moses-rnn"), "train", table, "-o", model, "--preset", s.train_preset, "--device",
-                       self.device, "--quiet", *s.train_args])
+                       self.device, "--quiet", *args])
             _, _, src_len, tgt_len = lengths.result()
         summary = summary_of(p)
-        self.state["rnn_model"] = model
         rate = steady_rate(summary, "pairs")
         with open(os.path.join(model, "config.json"), encoding="utf-8") as f:
             config = json.load(f)["model"]
@@ -478,6 +506,28 @@ class GpuCheck:
             same = f.read() == g.read()
         return {"processes": procs, "identical_to_one_process": same,
                 "pairs_per_s": parse_rate(r"(\d+) pairs/s", p.stderr, "its pairs/s")}
+
+    def score_workers(self, c: Check) -> dict:
+        """`score --workers K` (K-1 worker processes beside the main one, all on the same device): pairs/s for
+        each K, and every output byte-identical to the one-process output."""
+        if "scored_fp32" not in self.state:
+            raise Skip("no one-process output to compare with (score_fp32 failed)")
+        table, model = self.table(self.sizes.score_lines), self.scoring_model()
+        with open(self.state["scored_fp32"], "rb") as g:
+            one = g.read()
+        figures, same = {"cores": os.cpu_count()}, True
+        for k in self.sizes.score_workers:
+            out = os.path.join(self.work, f"scored-workers{k}.gz")
+            p = c.run([*tool("moses-rnn"), "score", table, "-m", model, "-o", out, "--device", self.device,
+                       "--dtype", "fp32", "--workers", str(k), "--quiet"])
+            rate = parse_rate(r"(\d+) pairs/s", p.stderr, "its pairs/s")
+            figures[f"workers_{k}_pairs_per_s"] = rate
+            figures[f"workers_{k}_speedup"] = round(rate / self.state["fp32_rate"], 3)
+            with open(out, "rb") as f:
+                same = same and f.read() == one
+        figures["identical_to_one_process"] = same
+        figures["pairs_per_s"] = max(figures[f"workers_{k}_pairs_per_s"] for k in self.sizes.score_workers)
+        return figures
 
     def train_sent(self, c: Check) -> dict:
         s = self.sizes
@@ -544,21 +594,25 @@ class GpuCheck:
         return {"ngrams_per_s": round(rate, 1), "dtype": summary["dtype"], "gflop_per_ngram": round(flops / 1e9, 5),
                 "model_tflops": round(rate * flops / 1e12, 4), **self.matmul_fractions(rate * flops)}
 
-    def cslm_server(self, c: Check) -> dict:
+    def cslm_server(self, c: Check, self_normalized: bool = False) -> dict:
+        """bench_cslm_server.py: the engine alone and through `cslm serve`, exact scores or (the mode Moses
+        uses) self-normalised ones."""
         if "cslm_model" not in self.state:
             raise Skip("no CSLM model (cslm_train failed)")
-        report_path = os.path.join(self.work, "cslm_server.json")
+        report_path = os.path.join(self.work, f"cslm_server{'_sn' if self_normalized else ''}.json")
         c.run([sys.executable, str(HERE / "bench_cslm_server.py"), self.state["cslm_model"], self.cslm_text(),
-               "--device", self.device, *self.sizes.server_args, "--json", report_path])
+               "--device", self.device, *self.sizes.server_args, "--json", report_path,
+               *(["--self-normalized"] if self_normalized else [])])
         with open(report_path, encoding="utf-8") as f:
             rep = json.load(f)
         many = max(int(k.split("_")[1]) for k in rep if re.fullmatch(r"server_\d+_clients_ngrams_per_s", k))
-        return {"engine_ngrams_per_s": rep["in_process_ngrams_per_s"],
+        return {"scores": rep["scores"], "engine_ngrams_per_s": rep["in_process_ngrams_per_s"],
                 "server_1_client_ngrams_per_s": rep["server_1_clients_ngrams_per_s"],
                 f"server_{many}_clients_ngrams_per_s": rep[f"server_{many}_clients_ngrams_per_s"],
                 "server_1_client_vs_engine": rep["server_1_clients_vs_in_process"],
                 "server_many_clients_vs_engine": rep[f"server_{many}_clients_vs_in_process"],
-                "many_clients": many, "latency_ms_1_ngram_p50": rep["latency_ms_1_ngrams"]["p50"]}
+                "many_clients": many, "latency_ms_1_ngram_p50": rep["latency_ms_1_ngrams"]["p50"],
+                "latency_ms_16_ngrams_p50": rep["latency_ms_16_ngrams"]["p50"]}
 
     def cslm_decode(self, c: Check) -> dict:
         if not self.moses:

@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-CHECKS = ["matmul", "train_paper", "score_fp32", "score_bf16", "score_sharded", "train_sent", "translate",
-          "rescore_nbest", "cslm_train", "cslm_server", "cslm_decode"]
+CHECKS = ["matmul", "train_paper", "train_batch", "score_fp32", "score_bf16", "score_sharded", "score_workers",
+          "train_sent", "translate", "rescore_nbest", "cslm_train", "cslm_server", "cslm_server_sn", "cslm_decode"]
 
 
 def _finite(v) -> bool:
