@@ -245,8 +245,11 @@ def test_sigint_to_a_waiting_command_exits_130_in_one_line():
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(60)
         port = server.getsockname()[1]
+        # Ctrl-C's default disposition, as a terminal gives it: a test run in the background (`make test &`)
+        # inherits SIGINT ignored, and a command started so rightly keeps ignoring it
         p = subprocess.Popen([sys.executable, "-m", "cslm.cli", "stats", f"127.0.0.1:{port}"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             conn, _ = server.accept()  # the command is in its body, waiting for the reply
             with conn:
