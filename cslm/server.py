@@ -97,7 +97,7 @@ class Server:
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
         if not engine.normalized and engine.device.type == "cpu":
             # the self-normalised path on a CPU: a history met again costs one output row. On a GPU the
-            # hidden layers cost less than the cache's bookkeeping (docs/cslm.md, "The history cache")
+            # hidden layers cost less than the cache's bookkeeping (docs/cslm.md, "Server")
             engine.cache_histories(self.cfg.history_cache)
         self.budget = ByteBudget(self.cfg.max_total_bytes)
         v = engine.vocab
@@ -361,20 +361,14 @@ class Server:
 
     async def _score(self, writer, conn: _Conn, rid: int, rows: np.ndarray, grams, t0: float) -> None:
         """A request through the batcher: answered when its batch (or its last slice's) is scored."""
+        scored = self.batcher.submit(rows, conn)
         try:
-            scored = await self.batcher.submit(rows, conn)
-        except Exception as e:  # noqa: BLE001 -- answered by _answer, as on the fast path
-            failure = e
-
-            def scores():
-                raise failure
-        else:
-            def scores():
-                return scored
-        if self._answer(writer, rid, rows, grams, t0, scores):
-            await self._drain(writer)
-        else:
-            await self._drain(writer)
+            await scored
+        except Exception:  # noqa: BLE001 -- raised again by scored.result, inside _answer
+            pass
+        answered = self._answer(writer, rid, rows, grams, t0, scored.result)
+        await self._drain(writer)
+        if not answered:
             writer.close()
 
     def _answer(self, writer, rid: int, rows: np.ndarray, grams, t0: float, scores) -> bool:
