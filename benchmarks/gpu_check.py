@@ -108,7 +108,8 @@ class Sizes:
     cslm_args: list[str]
     server_args: list[str]
     decode_args: list[str]
-    batch_args: list[str]  # train_batch: the paper preset with a large batch
+    batch_size: int  # train_batch: the paper preset with a large batch ...
+    batch_args: list[str]  # ... and these other options
     score_workers: list[int]  # score_workers: --workers values tried
 
 
@@ -124,8 +125,8 @@ GPU = Sizes(
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
     decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
-    batch_args=["--batch-size", "2048", "--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4",
-                "--valid-pairs", "500"],
+    batch_size=2048,
+    batch_args=["--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4", "--valid-pairs", "500"],
     score_workers=[4, 8],
 )
 DRY = Sizes(
@@ -139,20 +140,22 @@ DRY = Sizes(
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
     server_args=["--ngrams", "4000", "--clients", "1", "4", "--latency-requests", "10"],
     decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
-    batch_args=["--batch-size", "256", "--max-steps", "20", "--eval-every", "10", "--valid-pairs", "20"],
+    batch_size=256,
+    batch_args=["--max-steps", "20", "--eval-every", "10", "--valid-pairs", "20"],
     score_workers=[2],
 )
 
 # per check: its own timeout (seconds), within what is left of --budget
-TIMEOUTS = {"matmul": 30, "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90, "score_sharded": 90, "score_workers": 120,
-            "train_sent": 80, "translate": 40, "rescore_nbest": 60, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60,
-            "cslm_decode": 300}
+TIMEOUTS = {"matmul": 30, "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90,
+            "score_sharded": 90, "score_workers": 120, "train_sent": 80, "translate": 40, "rescore_nbest": 60,
+            "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60, "cslm_decode": 300}
 
 
 # what each check uses of an earlier one: the matmul rates, the models trained, the fp32 output
 NEEDS = {"train_paper": ["matmul"], "train_batch": ["matmul"], "score_fp32": ["train_paper"],
-         "score_bf16": ["score_fp32"], "score_sharded": ["score_fp32"], "score_workers": ["score_fp32"], "translate": ["train_sent"], "rescore_nbest": ["train_sent"],
-         "cslm_train": ["matmul"], "cslm_server": ["cslm_train"], "cslm_server_sn": ["cslm_train"], "cslm_decode": ["cslm_train"]}
+         "score_bf16": ["score_fp32"], "score_sharded": ["score_fp32"], "score_workers": ["score_fp32"],
+         "translate": ["train_sent"], "rescore_nbest": ["train_sent"], "cslm_train": ["matmul"],
+         "cslm_server": ["cslm_train"], "cslm_server_sn": ["cslm_train"], "cslm_decode": ["cslm_train"]}
 
 
 def with_needs(names: list[str]) -> set[str]:
@@ -435,8 +438,9 @@ class GpuCheck:
 
     def train_batch(self, c: Check) -> dict:
         """The same preset with a large batch: how much of the GPU the recipe's small batch leaves idle."""
-        batch = int(self.sizes.batch_args[self.sizes.batch_args.index("--batch-size") + 1])
-        return {"batch_size": batch, **self.train_rnn(c, "rnn-model-batch", self.sizes.batch_args)}
+        s = self.sizes
+        return {"batch_size": s.batch_size,
+                **self.train_rnn(c, "rnn-model-batch", ["--batch-size", str(s.batch_size), *s.batch_args])}
 
     def train_rnn(self, c: Check, name: str, args: list[str]) -> dict:
         """`moses-rnn train` of the preset on the slice into work/`name`: its steady pairs/s and arithmetic rate."""
