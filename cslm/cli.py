@@ -354,9 +354,9 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, q
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, history_cache, max_frame, idle_timeout, frame_timeout,
-          max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device, threads,
-          port_file):
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, history_cache, max_frame, idle_timeout,
+          frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device,
+          threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
     from .limits import ServerConfig, connection_limit
     from .server import check_port_file, serve as run
@@ -368,9 +368,8 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, history_ca
     # impossible limits and an unwritable port file are refused before the model loads
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
                        cache_size=cache_size, history_cache=history_cache, max_frame=max_frame,
-                       idle_timeout=idle_timeout,
-                       frame_timeout=frame_timeout, max_connections=max_connections, max_pending=max_pending,
-                       max_conn_bytes=max_conn_bytes, max_total_bytes=max_total_bytes)
+                       idle_timeout=idle_timeout, frame_timeout=frame_timeout, max_connections=max_connections,
+                       max_pending=max_pending, max_conn_bytes=max_conn_bytes, max_total_bytes=max_total_bytes)
     connection_limit(max_connections)
     if port_file:
         check_port_file(port_file)
