@@ -112,13 +112,18 @@ class SafeTensors {
   size_t data_;
 };
 
-// 16 floats, one AVX-512 register (two AVX2 or four SSE registers elsewhere):
-// GCC/Clang vector extensions, so the kernels need no intrinsics.
-// Vec16u is the same vector at any float address (unaligned, may alias floats).
-typedef float Vec16 __attribute__((vector_size(64)));
+// The vectors the kernels compute with: as wide as the instruction set's
+// registers (GCC/Clang vector extensions, so no intrinsics). A vector wider
+// than the registers is not split into register-sized operations in a
+// function compiled for a narrower target: it goes through memory element by
+// element, some 50x slower, so each kernel is instantiated with its own width.
+// The unaligned types are the same vectors at any float address (may alias).
+typedef float Vec16 __attribute__((vector_size(64)));  // AVX-512: one zmm register
 typedef float Vec16u __attribute__((vector_size(64), aligned(4), may_alias));
-#define Load16(p) (*reinterpret_cast<const Vec16u*>(p))
-#define Store16(p, v) (*reinterpret_cast<Vec16u*>(p) = (v))
+typedef float Vec8 __attribute__((vector_size(32)));   // AVX2: one ymm register
+typedef float Vec8u __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float Vec4 __attribute__((vector_size(16)));   // baseline x86-64 (SSE2): one xmm register
+typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
 
 // x . y, with 16 independent partial sums so that the compiler vectorises it
 // without reassociating (no -ffast-math needed).
@@ -134,26 +139,28 @@ typedef float Vec16u __attribute__((vector_size(64), aligned(4), may_alias));
 
 // y = bias + sum_i val[i] * wt[idx[i]]: a rectified layer's product with only
 // its nonzero inputs (about half of them after a ReLU). The output is computed
-// 64 values at a time in registers, so each weight row is read once per block
-// and y is written once, instead of read and written once per input.
-#define CSLM_GEMV_BODY                                                    \
-  const size_t kBlock = 64; /* four vectors of 16 floats */               \
+// four vectors (V, W floats each) at a time in registers, so each weight row is
+// read once per block and y is written once, instead of read and written once per input.
+#define CSLM_GEMV_BODY(V, VU, W)                                          \
+  const size_t kBlock = 4 * (W);                                          \
   size_t j = 0;                                                           \
   for (; j + kBlock <= out; j += kBlock) {                                \
-    Vec16 acc0 = Load16(bias + j), acc1 = Load16(bias + j + 16);          \
-    Vec16 acc2 = Load16(bias + j + 32), acc3 = Load16(bias + j + 48);     \
+    V acc0 = *reinterpret_cast<const VU*>(bias + j);                      \
+    V acc1 = *reinterpret_cast<const VU*>(bias + j + (W));                \
+    V acc2 = *reinterpret_cast<const VU*>(bias + j + 2 * (W));            \
+    V acc3 = *reinterpret_cast<const VU*>(bias + j + 3 * (W));            \
     for (size_t i = 0; i < nnz; ++i) {                                    \
       const float* w = wt + idx[i] * out + j;                             \
-      const Vec16 a = Vec16{} + val[i];                                   \
-      acc0 += a * Load16(w);                                              \
-      acc1 += a * Load16(w + 16);                                         \
-      acc2 += a * Load16(w + 32);                                         \
-      acc3 += a * Load16(w + 48);                                         \
+      const V a = V{} + val[i];                                           \
+      acc0 += a * *reinterpret_cast<const VU*>(w);                        \
+      acc1 += a * *reinterpret_cast<const VU*>(w + (W));                  \
+      acc2 += a * *reinterpret_cast<const VU*>(w + 2 * (W));              \
+      acc3 += a * *reinterpret_cast<const VU*>(w + 3 * (W));              \
     }                                                                     \
-    Store16(y + j, acc0);                                                 \
-    Store16(y + j + 16, acc1);                                            \
-    Store16(y + j + 32, acc2);                                            \
-    Store16(y + j + 48, acc3);                                            \
+    *reinterpret_cast<VU*>(y + j) = acc0;                                 \
+    *reinterpret_cast<VU*>(y + j + (W)) = acc1;                           \
+    *reinterpret_cast<VU*>(y + j + 2 * (W)) = acc2;                       \
+    *reinterpret_cast<VU*>(y + j + 3 * (W)) = acc3;                       \
   }                                                                       \
   for (; j < out; ++j) {                                                  \
     float acc = bias[j];                                                  \
@@ -165,17 +172,17 @@ typedef float Vec16u __attribute__((vector_size(64), aligned(4), may_alias));
 #define CSLM_ADD_BODY \
   for (size_t i = 0; i < n; ++i) y[i] += x[i];
 
-#define CSLM_KERNELS(SUFFIX, ATTR)                                                                       \
+#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W)                                                             \
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
                                const float* __restrict val, size_t nnz, const float* __restrict bias,    \
-                               float* __restrict y) { CSLM_GEMV_BODY }                                    \
+                               float* __restrict y) { CSLM_GEMV_BODY(V, VU, W) }                          \
   ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }
 
-CSLM_KERNELS(Base, )
+CSLM_KERNELS(Base, , Vec4, Vec4u, 4)
 #if CSLM_DISPATCH
-CSLM_KERNELS(Avx2, CSLM_AVX2)
-CSLM_KERNELS(Avx512, CSLM_AVX512)
+CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8)
+CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16)
 #endif
 
 struct Kernels {
