@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# build-moses.sh MOSES_CHECKOUT [JOBS] -- add the CSLM feature function to a Moses
+# build-moses.sh MOSES_CHECKOUT [JOBS] -- add the CSLM and NNJM feature functions to a Moses
 # checkout (add-to-moses.sh) and build, with bjam, only the programs that
 # pipelines/Makefile uses, installed into MOSES_CHECKOUT/bin:
 #   moses                                  the decoder
@@ -28,23 +28,28 @@ moses=$(cd "$moses" && pwd)
 "$here/add-to-moses.sh" "$moses" > /dev/null   # idempotent: sources refreshed, hooks added once
 
 programs=(moses lmplz build_binary extract score consolidate lexical-reordering-score extractor mert kbmira pro evaluator)
-# bjam targets are the installed files' absolute paths: a bare name such as `moses`
-# or `mert` would name a Moses subproject (its folder), not the program in bin/.
-# Those paths name installed files, which bjam does not re-check against their sources once
-# they exist: a checkout whose bin/ already holds the programs is rebuilt through Moses's own
-# install target (prefix-bin: every program, but only what changed is compiled again).
-targets=(prefix-bin)
-for p in "${programs[@]}"; do [ -x "$moses/bin/$p" ] || targets=(); done
-if [ ${#targets[@]} -eq 0 ]; then
-  for p in "${programs[@]}"; do targets+=("$moses/bin/$p"); done
-  echo "build-moses.sh: CSLM added to $moses; building ${#programs[@]} programs with bjam -j $jobs" >&2
-else
-  echo "build-moses.sh: CSLM added to $moses; rebuilding what changed with bjam -j $jobs" >&2
-fi
+# A first build names the installed files' absolute paths as bjam targets (a bare name
+# such as `mert` would name a Moses subproject, its folder). bjam does not re-check an
+# installed file against its sources once it exists, and Moses's own install target
+# (prefix-bin) would also compile moses2 and every other program, 15 minutes more: a
+# checkout that has them all rebuilds the decoder alone, the one program that holds the
+# features, as its main target (moses-cmd//moses: only what changed is compiled), and
+# copies it into bin/.
+targets=()
+for p in "${programs[@]}"; do [ -x "$moses/bin/$p" ] || targets+=("$moses/bin/$p"); done
 cd "$moses"
-./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c "${targets[@]}"
+if [ ${#targets[@]} -gt 0 ]; then
+  echo "build-moses.sh: CSLM and NNJM added to $moses; building ${#targets[@]} programs with bjam -j $jobs" >&2
+  ./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c "${targets[@]}"
+else
+  echo "build-moses.sh: CSLM and NNJM added to $moses; rebuilding the decoder with bjam -j $jobs" >&2
+  ./bjam -j "$jobs" --with-boost=/usr -q --no-xmlrpc-c moses-cmd//moses
+  built=$(find moses-cmd/bin -type f -name moses -perm -u+x -printf '%T@ %p\n' | sort -n | tail -1 | cut -d' ' -f2-)
+  [ -n "$built" ] || { echo "build-moses.sh: bjam built no moses-cmd/bin/.../moses in $moses" >&2; exit 1; }
+  cp "$built" bin/moses.tmp && mv bin/moses.tmp bin/moses
+fi
 # the decoder must be newer than every source the feature added, or it was not rebuilt
-for f in moses/FF/CSLM.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_backend.cpp moses/FF/cslm_local.cpp moses/FF/cslm_client.cpp moses/FF/cslm_json.cpp; do
+for f in moses/FF/CSLM.cpp moses/FF/NNJM.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_backend.cpp moses/FF/cslm_local.cpp moses/FF/cslm_client.cpp moses/FF/cslm_json.cpp; do
   [ bin/moses -nt "$f" ] || { echo "build-moses.sh: bin/moses is older than $f after bjam; run ./bjam --with-boost=/usr -q --no-xmlrpc-c in $moses" >&2; exit 1; }
 done
 
