@@ -87,7 +87,8 @@ def filter_table(table: Path, sentences: list[str], out: Path, max_len: int = 7)
 
 
 def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | None) -> None:
-    """The shared system's moses.ini without lexicalized reordering, absolute paths, plus the CSLM line."""
+    """The shared system's moses.ini without lexicalized reordering, absolute paths, plus the CSLM (or NNJM)
+    line, weighted 0.1 (log-probability) and -0.1 (unknown words) under its name= (CSLM0 without one)."""
     features = ["UnknownWordPenalty", "WordPenalty", "PhrasePenalty",
                 f"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={table} input-factor=0 output-factor=0",
                 "Distortion", f"KENLM name=LM0 factor=0 path={lm.resolve()} order=5"]
@@ -95,7 +96,8 @@ def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | None) -> None:
                "TranslationModel0= 0.2 0.2 0.2 0.2", "Distortion0= 0.3", "LM0= 0.5"]
     if cslm_line:
         features.append(cslm_line)
-        weights.append("CSLM0= 0.1 -0.1")
+        name = next((w[5:] for w in cslm_line.split() if w.startswith("name=")), "CSLM0")
+        weights.append(f"{name}= 0.1 -0.1")
     path.write_text("[input-factors]\n0\n\n[mapping]\n0 T 0\n\n[distortion-limit]\n6\n\n[feature]\n"
                     + "\n".join(features) + "\n\n[weight]\n" + "\n".join(weights) + "\n")
 

@@ -112,6 +112,24 @@ def affiliations(links: Sequence[tuple[int, int]], src_len: int, tgt_len: int) -
     return out
 
 
+def decoder_affiliations(segments: Sequence[tuple[int, int, int, int]], links: Sequence[tuple[int, int]],
+                         src_len: int, tgt_len: int) -> np.ndarray:
+    """(tgt_len + 1,) int64: the affiliations the decoder's joint-model feature gives a hypothesis.
+
+    In the decoder only each phrase pair's own alignment is known, so `affiliations` is applied inside each
+    phrase pair, as Moses's BilingualLM does (cslm/moses/cslm_affiliation.h, the feature's): `segments` are
+    the hypothesis' phrase pairs as (source start, source end, target start, target end), ends excluded
+    (an n-best list's `-include-segmentation-in-n-best`), `links` its (source, target) word alignment
+    (`-print-alignment-info-in-n-best`). The closing `</s>` takes the source `</s>` (src_len)."""
+    out = np.empty(tgt_len + 1, np.int64)
+    out[tgt_len] = src_len
+    for s0, s1, t0, t1 in segments:
+        if t1 > t0:
+            local = [(i - s0, j - t0) for i, j in links if s0 <= i < s1 and t0 <= j < t1]
+            out[t0:t1] = s0 + affiliations(local, s1 - s0, t1 - t0)[:-1]
+    return out
+
+
 def source_windows(src_ids: Sequence[int], affil: np.ndarray, window: int, bos: int, eos: int) -> np.ndarray:
     """(len(affil), window) int32: the `window` source ids centred on each affiliated index, the positions
     before the sentence `<s>`, those after it `</s>` (the affiliation src_len itself is the source `</s>`)."""

@@ -8,6 +8,7 @@ import random
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from cslm import modeldir
-from cslm.data import SourceSide, affiliations, iter_sentences, scan_corpus, sentence_rows, source_windows
+from cslm.data import SourceSide, affiliations, decoder_affiliations, iter_sentences, scan_corpus, sentence_rows, source_windows
 from cslm.engine import Engine
 from cslm.model import CSLM, CSLMConfig, preset_config
 from cslm.train import TrainConfig, train
@@ -25,6 +26,8 @@ from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
 from test_cslm_backend import backend_exe  # noqa: F401 (the compiled C++ backend driver, a fixture)
 from test_cslm_local import local_exe  # noqa: F401 (the compiled C++ evaluator, a fixture)
+
+MOSES_FF = Path(__file__).resolve().parents[1] / "cslm" / "moses"
 
 
 def parallel_corpus(root, sentences=300, seed=0):
@@ -411,10 +414,58 @@ def test_a_damaged_joint_model_is_one_line_naming_the_file(local_exe, joint_mode
     assert r.returncode == 1 and not r.stdout and r.stderr.count("\n") == 1 and r.stderr.startswith(expect), r.stderr
 
 
-def test_the_moses_backend_refuses_a_joint_model_at_load(backend_exe, joint_model):  # noqa: F811
-    """The feature gives target n-grams only: a joint model fails at load rather than score without its source."""
+def test_the_moses_backend_scores_a_joint_models_rows_as_the_engine(backend_exe, corpus, joint_model):  # noqa: F811
+    """The NNJM feature's backend (cslm::LocalBackend): whole rows in, the engine's scores out, the unknown
+    flag from the predicted word (each row's last id, not its order-th)."""
     out, _ = joint_model
-    r = subprocess.run([str(backend_exe), str(out)], input="t1 t2\n", capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and not r.stdout
-    assert r.stderr.strip() == f"{out}: a joint model (source window 5) needs the source side, which the CSLM " \
-                               f"feature does not give yet"
+    loaded = modeldir.load(str(out))
+    rows, lines = _joint_rows(corpus, loaded)
+    for self_normalized in ("false", "true"):
+        r = subprocess.run([str(backend_exe), "--self-normalized", self_normalized, str(out)],
+                           input="".join(line + "\n" for line in lines), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+        engine = Engine.load(str(out), device="cpu", normalized=self_normalized == "false")
+        want, _ = engine.score_ids(rows)
+        assert got.shape == (len(rows), 2) and np.max(np.abs(got[:, 0] - want)) < 1e-4
+        assert np.array_equal(got[:, 1] == 1, rows[:, -1] == loaded.vocab.index[UNK])
+    assert (got[:, 1] == 1).any() and (rows[:, 3:8] == loaded.src_vocab.index[UNK]).any()
+
+
+@pytest.fixture(scope="module")
+def affiliation_exe(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp("cslm-affiliation") / "cslm_affiliation_test"
+    subprocess.run([cxx, "-std=c++11", "-O1", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                    str(MOSES_FF / "cslm_affiliation_test.cc")], check=True, timeout=120)
+    return exe
+
+
+def test_the_decoders_affiliation_is_the_training_rule_inside_each_phrase_pair(affiliation_exe):
+    """cslm_affiliation.h (the Moses feature's) against cslm.data.affiliations on random phrase pairs:
+    one-to-one, many-to-one, unaligned words on either side, ties, and pairs with no alignment at all."""
+    rng = random.Random(3)
+    cases = [(1, 1, []), (3, 1, []), (1, 4, []), (2, 2, [(0, 1)]), (4, 3, [(0, 1), (3, 1), (1, 1), (2, 1)]),
+             (2, 3, [(0, 0), (1, 2)])]  # target word 1 is as near to 0 as to 2: the right one wins
+    for _ in range(500):
+        src_len, tgt_len = rng.randint(1, 7), rng.randint(1, 7)
+        links = {(rng.randrange(src_len), rng.randrange(tgt_len)) for _ in range(rng.randint(0, 8))}
+        cases.append((src_len, tgt_len, sorted(links)))
+    text = "".join(f"{s} {t} " + " ".join(f"{i}-{j}" for i, j in links) + "\n" for s, t, links in cases)
+    r = subprocess.run([str(affiliation_exe)], input=text, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = [[int(x) for x in line.split()] for line in r.stdout.splitlines()]
+    assert got == [list(affiliations(links, s, t)[:-1]) for s, t, links in cases]
+    assert got[:6] == [[0], [1], [0, 0, 0, 0], [0, 0], [1, 1, 1], [0, 1, 1]]
+
+
+def test_decoder_affiliations_stay_inside_each_phrase_pair():
+    """A hypothesis of two phrase pairs: source 0-1 -> target 0-2, source 2-4 -> target 3-4. Target word 2 is
+    unaligned: inside its phrase pair it takes word 1's source (1); over the whole sentence its nearest aligned
+    word would be target 3, aligned to source 4. A pair with no alignment takes the proportional position."""
+    links = [(0, 0), (1, 1), (4, 3), (3, 4)]
+    assert list(decoder_affiliations([(0, 2, 0, 3), (2, 5, 3, 5)], links, 5, 5)) == [0, 1, 1, 4, 3, 5]
+    assert list(affiliations(links, 5, 5)) == [0, 1, 4, 4, 3, 5]
+    assert list(decoder_affiliations([(0, 3, 0, 2), (3, 4, 2, 3)], [(3, 2)], 4, 3)) == [0, 2, 3, 4]

@@ -42,7 +42,7 @@ class LocalSession : public Backend::Session {
  protected:
   void Compute(const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) {
     model_.Score(ngrams, count, normalized_, logprobs, &scratch_);
-    const unsigned n = model_.order();
+    const unsigned n = model_.row_size();  // the predicted word is each row's last id
     for (size_t k = 0; k < count; ++k) flags[k] = ngrams[k * n + n - 1] == model_.unk_id() ? kUnknown : 0;
   }
 
@@ -108,16 +108,10 @@ class ServerSession : public Backend::Session {
 
 LocalBackend::LocalBackend(const std::string& model_dir, int self_normalized, size_t history_slots, float floor)
     : dir_(model_dir), model_(model_dir), history_slots_(history_slots), floor_(floor) {
-  // The feature's n-grams carry the target history alone: a joint model would be scored without its source
-  // window, silently wrong, so it fails at load.
-  if (model_.source_window()) {
-    std::ostringstream m;
-    m << model_dir << ": a joint model (source window " << model_.source_window()
-      << ") needs the source side, which the CSLM feature does not give yet";
-    throw std::runtime_error(m.str());
-  }
   self_normalized_ = self_normalized == -1 ? model_.self_normalized() : self_normalized != 0;
   facts_.order = model_.order();
+  facts_.source_window = model_.source_window();
+  facts_.source_words = model_.source_vocabulary();
   facts_.bos = model_.bos_id();
   facts_.eos = model_.eos_id();
   facts_.unk = model_.unk_id();

@@ -28,10 +28,12 @@ namespace cslm {
 
 // What the feature needs to know of the model, whoever evaluates it.
 struct ModelFacts {
-  ModelFacts() : order(0), bos(0), eos(0), unk(0) {}
+  ModelFacts() : order(0), source_window(0), bos(0), eos(0), unk(0) {}
   unsigned order;                  // n: every n-gram has order() ids, oldest first
+  unsigned source_window;          // m: a joint model's source words per row (0: a plain CSLM)
   uint32_t bos, eos, unk;          // <s>, </s>, [UNK]
   std::vector<std::string> words;  // the shortlist, index = id
+  std::vector<std::string> source_words;  // a joint model's source shortlist (cslm.src.vocab), index = id
 };
 
 class Backend {
@@ -43,7 +45,7 @@ class Backend {
     virtual ~Session() {}
 
     // Scores `count` n-grams (order ids each, oldest first, predicted word
-    // last) into logprobs[0..count), each at least the backend's floor (NaN
+    // last; a joint model's rows: order + source_window ids, cslm_local.h) into logprobs[0..count), each at least the backend's floor (NaN
     // and -inf become the floor too), and ScoreFlags into flags[0..count).
     // Throws cslm::Error when the backend cannot answer.
     void Evaluate(const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags);

@@ -5,7 +5,7 @@
 //   cslm_backend_test [--floor F] [--retries N] --server HOST PORT [MODEL_DIR] < NGRAMS
 //
 // One n-gram per line (up to order words, oldest first; fewer are left-padded
-// with <s>); prints "LOGPROB FLAGS" per line; on stderr, a line once the
+// with <s>; a joint model's rows whole, as cslm_local_test reads them); prints "LOGPROB FLAGS" per line; on stderr, a line once the
 // backend is ready (before stdin is read), then "requests R".
 // Errors: one line on stderr, exit status 1.
 #include <stdio.h>
@@ -58,7 +58,11 @@ int main(int argc, char** argv) {
               << std::endl;
     std::vector<uint32_t> flat;
     std::string error;
-    const size_t count = cslm::ReadNgrams(std::cin, facts.words, facts.order, facts.bos, facts.unk, &flat, &error);
+    const size_t count =
+        facts.source_window
+            ? cslm::ReadJointRows(std::cin, facts.words, facts.source_words, facts.order, facts.source_window, &flat,
+                                  &error)
+            : cslm::ReadNgrams(std::cin, facts.words, facts.order, facts.bos, facts.unk, &flat, &error);
     if (!error.empty()) {
       std::cerr << error << std::endl;
       return 1;

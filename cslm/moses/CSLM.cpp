@@ -181,6 +181,9 @@ void CSLM::Load(AllOptions::ptr const& opts) {
   }
   const cslm::ModelFacts& facts = m_backend->facts();
   where = m_backend->Where();
+  // This feature gives the target history alone: a joint model would be scored without its source window.
+  UTIL_THROW_IF2(facts.source_window, who << ": " << where << " is a joint model (source window "
+                                          << facts.source_window << "): load it with an NNJM line, not CSLM");
   m_order = facts.order;
   m_bos = facts.bos;
   m_eos = facts.eos;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# add-to-moses.sh MOSES_DIR -- copy the CSLM feature function into a Moses
-# checkout (mosesdecoder), register it in moses/FF/Factory.cpp, and hook the
+# add-to-moses.sh MOSES_DIR -- copy the CSLM and NNJM feature functions into a Moses
+# checkout (mosesdecoder), register them in moses/FF/Factory.cpp, and hook the
 # n-gram buffer (CSLMBuffer.h) into moses/SearchNormal.cpp (the normal stack search),
 # moses/BitmapContainer.cpp and moses/SearchCubePruning.cpp (cube pruning). It builds nothing:
 # rebuild Moses afterwards with its usual bjam command.
@@ -18,7 +18,8 @@ factory=$ff/Factory.cpp
 search=$moses/moses/SearchNormal.cpp
 [ -f "$search" ] || { echo "add-to-moses.sh: $search not found: is $moses a mosesdecoder checkout?" >&2; exit 1; }
 
-cp "$here/CSLM.h" "$here/CSLM.cpp" "$here/CSLMBuffer.h" "$here/CSLMBuffer.cpp" "$here/cslm_ngrams.h" "$ff/"
+cp "$here/CSLM.h" "$here/CSLM.cpp" "$here/CSLMBuffer.h" "$here/CSLMBuffer.cpp" "$here/cslm_ngrams.h" \
+   "$here/NNJM.h" "$here/NNJM.cpp" "$here/cslm_affiliation.h" "$ff/"
 for part in cslm_backend cslm_local cslm_client cslm_json; do
   cp "$here/../cpp/$part.h" "$ff/$part.h"
   cp "$here/../cpp/$part.cc" "$ff/$part.cpp"   # Moses' Jamfile compiles moses/FF/*.cpp
@@ -30,8 +31,16 @@ fi
 if ! grep -q 'MOSES_FNAME(CSLM);' "$factory"; then
   sed -i '0,/^  MOSES_FNAME(ExampleStatefulFF);/s//&\n  MOSES_FNAME(CSLM);/' "$factory"
 fi
-grep -q '"moses/FF/CSLM.h"' "$factory" && grep -q 'MOSES_FNAME(CSLM);' "$factory" \
-  || { echo "add-to-moses.sh: could not register CSLM in $factory; add the include and MOSES_FNAME(CSLM); by hand" >&2; exit 1; }
+if ! grep -q '"moses/FF/NNJM.h"' "$factory"; then
+  sed -i '0,/^#include "moses\/FF\/CSLM.h"/s//&\n#include "moses\/FF\/NNJM.h"/' "$factory"
+fi
+if ! grep -q 'MOSES_FNAME(NNJM);' "$factory"; then
+  sed -i '0,/^  MOSES_FNAME(CSLM);/s//&\n  MOSES_FNAME(NNJM);/' "$factory"
+fi
+for name in CSLM NNJM; do
+  grep -q "\"moses/FF/$name.h\"" "$factory" && grep -q "MOSES_FNAME($name);" "$factory" \
+    || { echo "add-to-moses.sh: could not register $name in $factory; add the include and MOSES_FNAME($name); by hand" >&2; exit 1; }
+done
 # The buffer's hook: hold new hypotheses, flush after each stack (see CSLMBuffer.h).
 if ! grep -q 'CSLMBuffer' "$search"; then
   perl -0p -e '

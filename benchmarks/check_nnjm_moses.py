@@ -1,0 +1,198 @@
+"""Check the joint-model scores Moses computes against `cslm score` (not run by CI: needs a Moses).
+
+    MOSES=/path/to/mosesdecoder python benchmarks/check_nnjm_moses.py NNJM_MODEL_DIR [--sentences 30]
+
+Decodes the first --sentences of newstest2013 with the shared system plus the NNJM feature
+(cslm/moses/NNJM.h, in process: ln P and the unknown-word count), a 10-best list per sentence with
+each hypothesis' phrase segmentation and word alignment, under cube pruning (the pipeline's search) and
+the normal stack search. For every hypothesis, Moses's `NNJM0=` log-probability must equal what the
+engine (`cslm score --source --alignment`) gives its text, its source sentence and the affiliations the
+decoder uses (`cslm.data.decoder_affiliations`: the training rule inside each phrase pair), within
+--tolerance, and the unknown-word count must be the number of its words outside the shortlist. Then
+the refusals: a plain CSLM on an NNJM line, the joint model on a CSLM line, a wrong order= or
+source_window=: Moses stops at load with the feature's one-line message. Also times the decode with
+and without the feature (one thread, cube pruning, loading taken out). Prints a JSON report; exit
+status 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, filter_table, moses_ini  # noqa: E402
+from common import require_shared  # noqa: E402
+
+from cslm.data import affiliations, decoder_affiliations  # noqa: E402
+from cslm.engine import Engine  # noqa: E402
+from mtcommon import nbest as nbest_list  # noqa: E402
+
+LM = SYSTEM / "lm.fr.5.arpa.gz"  # the shared system's n-gram LM, beside the joint model
+NBEST_FLAGS = ["-include-segmentation-in-n-best", "-print-alignment-info-in-n-best"]
+
+
+def _span(text: str) -> tuple[int, int]:
+    """`3-5` or `6` -> (3, 6): a range of word indices, its end excluded."""
+    a, _, b = text.partition("-")
+    return int(a), int(b or a) + 1
+
+
+def hypothesis(h: nbest_list.Hypothesis, name: str) -> dict:
+    """An n-best line with -include-segmentation-in-n-best (field 5: each phrase pair as `SRC=TGT` ranges) and
+    -print-alignment-info-in-n-best (field 6: the word alignment): its words, phrase pairs (source start, end,
+    target start, end; ends excluded), word alignment (source, target) and the feature's two scores."""
+    segments = []
+    for pair in h.fields[4].split():
+        src, _, tgt = pair.partition("=")
+        segments.append((*_span(src), *_span(tgt)))
+    links = [tuple(int(x) for x in pair.split("-")) for pair in h.fields[5].split()]
+    features = dict(h.features())
+    return {"sentence": h.sentence, "words": h.text.split(), "segments": segments, "links": links,
+            "logprob": features[f"{name}_0"], "unknown": features[f"{name}_1"]}
+
+
+def decode(moses: Path, ini: Path, lines: list[str], flags: list[str], work: Path, name: str,
+           threads: int = 2) -> tuple[list[dict] | None, float, str]:
+    nb = work / f"{name}.nbest"
+    t = time.perf_counter()
+    r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", str(threads), *flags,
+                        "-n-best-list", str(nb), "10", "distinct", *NBEST_FLAGS],
+                       input="\n".join(lines) + "\n", capture_output=True, text=True)
+    seconds = time.perf_counter() - t
+    if r.returncode != 0:
+        return None, seconds, r.stderr[-2000:]
+    return [h for h in nbest_list.read(str(nb))], seconds, r.stderr
+
+
+def check_mode(name, moses, ini, lines, flags, engine, tol, work) -> dict:
+    hyps, seconds, err = decode(moses, ini, lines, flags, work, name.replace(" ", "-"))
+    if hyps is None:
+        return {"ok": False, "error": err}
+    parsed = [hypothesis(h, "NNJM0") for h in hyps]
+    sources = [lines[p["sentence"]].split() for p in parsed]
+    alignments = []
+    for p, src in zip(parsed, sources):
+        affil = decoder_affiliations(p["segments"], p["links"], len(src), len(p["words"]))
+        alignments.append([(int(a), j) for j, a in enumerate(affil[:-1])])  # one link a word: its affiliation
+    want = np.array([float(lp.sum(dtype=np.float64)) for lp, _ in
+                     engine.score_sentences([p["words"] for p in parsed], sources, alignments)])
+    got = np.array([p["logprob"] for p in parsed])
+    diff = np.abs(got - want)
+    unk_ok = all(int(p["unknown"]) == sum(w not in engine.vocab.index for w in p["words"]) for p in parsed)
+    # a phrase pair whose words the sentence-level rule would affiliate elsewhere: the decoder's own rule matters
+    differs = sum(any(a != b for a, b in zip(decoder_affiliations(p["segments"], p["links"], len(s), len(p["words"])),
+                                             affiliations(p["links"], len(s), len(p["words"]))))
+                  for p, s in zip(parsed, sources))
+    row = {"hypotheses": len(parsed), "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+           "unknown_counts_equal": unk_ok, "hypotheses_whose_affiliation_is_phrase_local": differs,
+           "decode_seconds": round(seconds, 2), "ok": bool(diff.max() <= tol and unk_ok)}
+    print(f"{name}: {json.dumps(row)}", file=sys.stderr)
+    return row
+
+
+def refusal(moses: Path, ini: Path, line: str, expect: str) -> dict:
+    r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini)], input=line + "\n", capture_output=True,
+                       text=True, timeout=600)
+    message = next((ln.strip() for ln in r.stderr.splitlines() if expect in ln), None)
+    return {"exit": r.returncode, "message": message, "ok": r.returncode != 0 and message is not None}
+
+
+def timing(moses, ini_base, ini_nnjm, lines, repeats) -> dict:
+    """One thread, cube pruning: seconds per sentence with and without the feature, loading (an empty
+    input's run) taken out, runs alternated, medians."""
+    def run(ini, text):
+        t = time.perf_counter()
+        r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", "1", *PIPELINE_FLAGS],
+                           input=text, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-2000:])
+        return time.perf_counter() - t
+
+    text = "\n".join(lines) + "\n"
+    times: dict = {"base": [], "nnjm": [], "base_load": [], "nnjm_load": []}
+    try:
+        for _ in range(repeats):
+            for name, ini in (("base", ini_base), ("nnjm", ini_nnjm)):
+                times[f"{name}_load"].append(run(ini, ""))
+                times[name].append(run(ini, text))
+    except RuntimeError as e:
+        return {"ok": False, "error": str(e)}
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    base = (med["base"] - med["base_load"]) / len(lines)
+    nnjm = (med["nnjm"] - med["nnjm_load"]) / len(lines)
+    return {"sentences": len(lines), "repeats": repeats, "baseline_s_per_sentence": round(base, 4),
+            "nnjm_s_per_sentence": round(nnjm, 4), "ratio": round(nnjm / base, 2),
+            "load_s": {"baseline": round(med["base_load"], 2), "nnjm": round(med["nnjm_load"], 2)}, "ok": True}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="a joint model (`cslm train TARGET --source SOURCE --alignment ALIGN`)")
+    ap.add_argument("--plain", help="a target-only CSLM, for the refusal checks (skipped without one)")
+    ap.add_argument("--moses", default=os.environ.get("MOSES"))
+    ap.add_argument("--sentences", type=int, default=30)
+    ap.add_argument("--tolerance", type=float, default=1e-3)
+    ap.add_argument("--repeats", type=int, default=3, help="alternated timing runs (0: no timing)")
+    ap.add_argument("--work")
+    args = ap.parse_args()
+    require_shared()
+    if not args.moses or not (Path(args.moses) / "bin" / "moses").exists():
+        raise SystemExit("set MOSES (or --moses) to a mosesdecoder built with cslm/moses/build-moses.sh")
+    moses = Path(args.moses)
+    work = Path(args.work or tempfile.mkdtemp(prefix="check-nnjm-moses-"))
+    work.mkdir(parents=True, exist_ok=True)
+    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
+    table = work / f"phrase-table.first{args.sentences}.gz"
+    if not table.exists():
+        filter_table(SYSTEM / "phrase-table.gz", lines, table)
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    meta, order, window = config.get("meta", {}), config["model"]["order"], config["model"]["source_window"]
+    self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0
+    engine = Engine.load(args.model, device="cpu", normalized=not self_norm)
+    model = os.path.abspath(args.model)
+    report: dict = {"self_normalized": self_norm, "order": order, "source_window": window,
+                    "sentences": len(lines), "tolerance": args.tolerance}
+    line = f"NNJM name=NNJM0 path={model} order={order} source_window={window}"
+    ini = work / "nnjm.ini"
+    moses_ini(ini, table, LM, line)
+    report["cube_pruning"] = check_mode("cube pruning", moses, ini, lines, PIPELINE_FLAGS, engine, args.tolerance,
+                                        work)
+    report["normal_search"] = check_mode("normal search", moses, ini, lines, NORMAL_FLAGS, engine, args.tolerance,
+                                         work)
+    nofuture = work / "nnjm-no-future-cost.ini"
+    moses_ini(nofuture, table, LM, line + " future-cost=false")
+    report["without_future_cost"] = check_mode("without future cost", moses, nofuture, lines, PIPELINE_FLAGS, engine,
+                                               args.tolerance, work)
+
+    bad = work / "bad.ini"
+    moses_ini(bad, table, LM, f"NNJM name=NNJM0 path={model} order={order + 1}")
+    report["wrong_order"] = refusal(moses, bad, lines[0], f"moses.ini says order={order + 1}")
+    moses_ini(bad, table, LM, f"NNJM name=NNJM0 path={model} source_window={window + 2}")
+    report["wrong_window"] = refusal(moses, bad, lines[0], f"moses.ini says source_window={window + 2}")
+    moses_ini(bad, table, LM, f"CSLM name=CSLM0 path={model}")
+    report["joint_on_a_cslm_line"] = refusal(moses, bad, lines[0], "load it with an NNJM line")
+    if args.plain:
+        moses_ini(bad, table, LM, f"NNJM name=NNJM0 path={os.path.abspath(args.plain)}")
+        report["plain_on_an_nnjm_line"] = refusal(moses, bad, lines[0], "load it with a CSLM line")
+    if args.repeats:
+        base = work / "baseline.ini"
+        moses_ini(base, table, LM, None)
+        report["decode_time"] = timing(moses, base, ini, lines, args.repeats)
+
+    ok = all(v.get("ok") for v in report.values() if isinstance(v, dict))
+    report["all_ok"] = ok
+    print(json.dumps(report, indent=2))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
