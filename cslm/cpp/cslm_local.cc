@@ -357,8 +357,7 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
   for (size_t p = 0; p < C; ++p) {  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
     K().add(h1_, &table_[(p * V + history[p]) * h1_], &a[0]);
   }
-  const size_t Vs = src_words_.size();
-  for (size_t q = 0; q < window_; ++q) K().add(h1_, &src_table_[(q * Vs + history[C + q]) * h1_], &a[0]);
+  if (window_) K().add(h1_, SourceSum(history + C, scratch), &a[0]);
   Relu(h1_, &a[0]);
   std::vector<float>& b = scratch->b;
   std::vector<uint32_t>& idx = scratch->idx;
@@ -377,6 +376,26 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
     a.swap(b);
   }
   std::memcpy(h, &a[0], hidden_size() * sizeof(float));
+}
+
+const float* LocalModel::SourceSum(const uint32_t* window, Scratch* s) const {
+  // sum_q S_q[s_q], summed in q order whether it was cached or not: the scores
+  // do not depend on what the cache held
+  if (s->src_keys.size() != kSourceSlots * window_) {
+    s->src_keys.assign(kSourceSlots * window_, 0xffffffffu);  // no word has this id: every slot empty
+    s->src_values.resize(kSourceSlots * h1_);
+  }
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the ids
+  for (size_t q = 0; q < window_; ++q) hash = (hash ^ window[q]) * 1099511628211ull;
+  const size_t slot = static_cast<size_t>((hash ^ (hash >> 29)) % kSourceSlots);
+  uint32_t* key = &s->src_keys[slot * window_];
+  float* sum = &s->src_values[slot * h1_];
+  if (std::equal(window, window + window_, key)) return sum;
+  const size_t Vs = src_words_.size();
+  std::fill(sum, sum + h1_, 0.0f);
+  for (size_t q = 0; q < window_; ++q) K().add(h1_, &src_table_[(q * Vs + window[q]) * h1_], sum);
+  std::copy(window, window + window_, key);
+  return sum;
 }
 
 float LocalModel::Activation(const float* h, uint32_t word) const {

@@ -71,7 +71,14 @@ class LocalModel {
     std::vector<uint32_t> keys;    // slots x (row_size-1) ids; keys[slot*(row_size-1)] == kEmpty: unused
     std::vector<float> values;     // slots x hidden_size()
     size_t hits, misses;
+    // A joint model's source part of the first layer, sum_q S_q[s_q], by window
+    // (direct-mapped, kSourceSlots): a sentence has one window per source
+    // position, so each is summed about once a sentence, as Devlin et al.
+    // (2014) precompute the source side once per sentence.
+    std::vector<uint32_t> src_keys;  // kSourceSlots x source_window() ids
+    std::vector<float> src_values;   // kSourceSlots x H_1
   };
+  static const size_t kSourceSlots = 256;
 
   // Loads MODEL_DIR; throws std::runtime_error("FILE: reason") on anything
   // missing, malformed or inconsistent (shapes, dtype, vocabulary size).
@@ -113,6 +120,10 @@ class LocalModel {
   // next call with this scratch.
   const float* CachedHidden(const uint32_t* history, Scratch* scratch) const;
   size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
+
+  // A joint model's sum_q S_q[s_q] for a window of source_window() ids, through
+  // the scratch's source cache: a pointer valid until the next call.
+  const float* SourceSum(const uint32_t* window, Scratch* scratch) const;
 
   // o_w and ln Z for a last hidden layer h.
   float Activation(const float* h, uint32_t word) const;
