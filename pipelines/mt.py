@@ -15,7 +15,7 @@
     python mt.py rerank NBEST WEIGHTS --source SRC -o OUT     # each sentence's best under them
     python mt.py json-field FILE KEY                          # one field of a step's JSON result
     python mt.py timed TIMES.tsv STEP -- COMMAND...           # run COMMAND, log its wall time
-    python mt.py preflight --moses DIR [--tuner T] [--cslm-systems]  # every tool a run needs, checked first
+    python mt.py preflight --moses DIR [--tuner T] [--cslm-systems] [--nnjm-systems]  # every tool a run needs
 
 Each job lives in its own module beside this one (corpus, ini_steps, runs, report, tuners, preflight);
 this file only reads the command line. Every output is written atomically (a temporary file renamed
@@ -68,8 +68,8 @@ def _timed(a) -> None:
 
 
 def _preflight(a) -> None:
-    tools = ["perl", a.moses_rnn, a.sacrebleu, a.eflomal] + ([a.cslm] if a.cslm_systems else [])
-    missing = preflight.missing_for_run(Path(a.moses), a.tuner, tools, a.cslm_systems)
+    tools = ["perl", a.moses_rnn, a.sacrebleu, a.eflomal] + ([a.cslm] if a.cslm_systems or a.nnjm_systems else [])
+    missing = preflight.missing_for_run(Path(a.moses), a.tuner, tools, a.cslm_systems, a.nnjm_systems)
     if missing:
         raise SystemExit(preflight.MESSAGE + "; ".join(missing))
 
@@ -183,6 +183,7 @@ def main(argv=None) -> None:
     a.add_argument("--sacrebleu", default="sacrebleu")
     a.add_argument("--eflomal", default="eflomal-align")
     a.add_argument("--cslm-systems", action="store_true", help="the run has CSLM systems (cslm, kenlm needed)")
+    a.add_argument("--nnjm-systems", action="store_true", help="the run has NNJM systems (cslm, the NNJM feature)")
     a.set_defaults(fn=_preflight)
     a = sub.add_parser("best-iteration")
     a.add_argument("log", help="mert-moses.pl's log (stdout)")

@@ -1233,3 +1233,22 @@ def test_report_rows_of_an_augmented_system(tmp_path):
     assert "| mert-1 | 7 | 2 (2) | 2 | 100.00 |" in text  # the augmented outputs match the references there
     assert "| red | rouge | 1 | 1 | 100.0 |" in text and text.count("| yes |") == 2
     assert sections.augmentation_rows(w, ["cslm-rnn"], "mert", tmp_path / "ref") == []
+
+
+def test_the_joint_model_systems_plan(tmp_path, shared_data):
+    """nnjm and cslm-rnn-wp-nnjm: the joint model trained on the corpus and the align step's alignment with
+    the sizes the NNJM line then names, in process, each system tested against the one it extends."""
+    w = tmp_path / "w"
+    r = _make("-n", "SYSTEMS=baseline cslm-rnn-wp nnjm cslm-rnn-wp-nnjm", "BUDGET=1", MOSES="/opt/mosesdecoder",
+              WORK=str(w), DATA=str(shared_data / "en-fr"))
+    assert r.returncode == 0, r.stderr
+    plan = r.stdout
+    assert (f"cslm train {w}/data/train.fr --source {w}/data/train.en --alignment {w}/align/aligned.grow-diag-final-and"
+            f" -o {w}/nnjm/model") in plan
+    assert "--order 7 --source-window 11 --self-norm 0.1 --lr 3e-3" in plan and plan.count("times.tsv nnjm-train") == 1
+    line = f"NNJM name=NNJM0 order=7 source_window=11 path={w}/nnjm/model"
+    assert f"ini add-feature {w}/model-devtest/moses.ini {line} num-features=1 --weight 0.1" in plan
+    assert f"ini add-feature {w}/systems/cslm-rnn-wp/moses.ini {line} num-features=2 --weight 0.1 --weight -0.1" in plan
+    assert plan.count("tune-nnjm.pro-bp --") == 3 and plan.count("tune-cslm-rnn-wp-nnjm.pro-bp --") == 3
+    assert plan.index("aligned.grow-diag-final-and") < plan.index("nnjm-train")
+    assert '--systems "baseline cslm-rnn-wp nnjm cslm-rnn-wp-nnjm"' in plan

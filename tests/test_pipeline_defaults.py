@@ -168,6 +168,6 @@ def test_preflight_finds_a_moses_without_the_cslm_feature(tmp_path):
 def test_the_cslm_features_mark_is_found_across_read_blocks(tmp_path, at):
     binary = tmp_path / "moses"
     binary.write_bytes(b"x" * at + preflight.CSLM_FEATURE_MARK + b"y" * 7)
-    assert preflight.has_cslm_feature(binary, chunk=8)
+    assert preflight.has_feature(binary, chunk=8)
     binary.write_bytes(b"x" * at + preflight.CSLM_FEATURE_MARK[:-1] + b"y" * 7)
-    assert not preflight.has_cslm_feature(binary, chunk=8)
+    assert not preflight.has_feature(binary, chunk=8)
