@@ -40,21 +40,11 @@ LM = SYSTEM / "lm.fr.5.arpa.gz"  # the shared system's n-gram LM, beside the joi
 NBEST_FLAGS = ["-include-segmentation-in-n-best", "-print-alignment-info-in-n-best"]
 
 
-def _span(text: str) -> tuple[int, int]:
-    """`3-5` or `6` -> (3, 6): a range of word indices, its end excluded."""
-    a, _, b = text.partition("-")
-    return int(a), int(b or a) + 1
-
-
-def hypothesis(h: nbest_list.Hypothesis, name: str) -> dict:
-    """An n-best line with -include-segmentation-in-n-best (field 5: each phrase pair as `SRC=TGT` ranges) and
-    -print-alignment-info-in-n-best (field 6: the word alignment): its words, phrase pairs (source start, end,
-    target start, end; ends excluded), word alignment (source, target) and the feature's two scores."""
-    segments = []
-    for pair in h.fields[4].split():
-        src, _, tgt = pair.partition("=")
-        segments.append((*_span(src), *_span(tgt)))
-    links = [tuple(int(x) for x in pair.split("-")) for pair in h.fields[5].split()]
+def hypothesis(h: nbest_list.Hypothesis, path: Path, name: str) -> dict:
+    """An n-best line with -include-segmentation-in-n-best and -print-alignment-info-in-n-best: its words,
+    phrase pairs (source start, end, target start, end; ends excluded), word alignment (source, target) and
+    the feature's two scores."""
+    segments, links = h.alignment(str(path))
     features = dict(h.features())
     return {"sentence": h.sentence, "words": h.text.split(), "segments": segments, "links": links,
             "logprob": features[f"{name}_0"], "unknown": features[f"{name}_1"]}
@@ -70,14 +60,14 @@ def decode(moses: Path, ini: Path, lines: list[str], flags: list[str], work: Pat
     seconds = time.perf_counter() - t
     if r.returncode != 0:
         return None, seconds, r.stderr[-2000:]
-    return [h for h in nbest_list.read(str(nb))], seconds, r.stderr
+    return [(h, nb) for h in nbest_list.read(str(nb))], seconds, r.stderr
 
 
 def check_mode(name, moses, ini, lines, flags, engine, tol, work) -> dict:
     hyps, seconds, err = decode(moses, ini, lines, flags, work, name.replace(" ", "-"))
     if hyps is None:
         return {"ok": False, "error": err}
-    parsed = [hypothesis(h, "NNJM0") for h in hyps]
+    parsed = [hypothesis(h, path, "NNJM0") for h, path in hyps]
     sources = [lines[p["sentence"]].split() for p in parsed]
     alignments = []
     for p, src in zip(parsed, sources):

@@ -255,19 +255,61 @@ def estimate_mix_weight(backend: Backend, kenlm: str | KenLMBackoff, path: str, 
 
 
 def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM0", window: int = 5000,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, source: str | None = None) -> dict:
     """Append `<feature>= <sum ln P> <unknown words>` to each hypothesis's scores (`mtcommon.nbest`:
-    everything else is kept byte for byte, the total too: the tuner recomputes it from the weights)."""
-    count = 0
-    with atomic_output(output, inputs=[path]) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True) as bar:
+    everything else is kept byte for byte, the total too: the tuner recomputes it from the weights).
+
+    A joint model also reads the `source` text (line k: sentence k of the list) and each hypothesis' word
+    alignment (`-print-alignment-info-in-n-best`). With its phrase segmentation too
+    (`-include-segmentation-in-n-best`) the words take the decoder's affiliations, inside each phrase pair
+    (`cslm.data.decoder_affiliations`), and the scores are Moses's NNJM feature's; without it, training's
+    rule over the whole hypothesis (`cslm.data.affiliations`)."""
+    sources = [line.split() for _, line in iter_lines(source)] if source is not None else None
+    count, decoder = 0, 0
+    inputs = [path] + ([source] if source is not None else [])
+    with atomic_output(output, inputs=inputs) as out, tqdm(unit=" hyps", disable=not progress, dynamic_ncols=True) as bar:
         for hyps in nbest.windows(path, window):
-            results = backend.score_sentences([h.text.split() for h in hyps])
+            texts = [h.text.split() for h in hyps]
+            extra = {}
+            if sources is not None:
+                srcs, alignments = [], []
+                for h, words in zip(hyps, texts):
+                    src, affil, phrase_local = _nbest_affiliations(h, words, sources, path, source)
+                    srcs.append(src)
+                    alignments.append([(int(a), j) for j, a in enumerate(affil[:-1])])  # one link a word
+                    decoder += phrase_local
+                extra = {"sources": srcs, "alignments": alignments}
+            results = backend.score_sentences(texts, **extra)
             values = [(float(np.sum(lp, dtype=np.float64)), int(np.count_nonzero(fl[:-1] & UNKNOWN)))
                       for lp, fl in results]
             nbest.write(out, hyps, feature, values)
             count += len(hyps)
             bar.update(len(hyps))
-    return {"hypotheses": count, "feature": feature}
+    summary = {"hypotheses": count, "feature": feature}
+    if sources is not None:
+        summary["decoder_affiliations"] = decoder  # the others: training's rule over the whole hypothesis
+    return summary
+
+
+def _nbest_affiliations(h: nbest.Hypothesis, words: list[str], sources: list[list[str]], path: str,
+                        source: str) -> tuple[list[str], np.ndarray, bool]:
+    """One hypothesis's source words and affiliations (see `rescore_nbest`), every index checked."""
+    from .data import affiliations, decoder_affiliations
+
+    if h.sentence >= len(sources):
+        raise InputError(path, h.lineno, f"sentence {h.sentence} has no source line ({source} has {len(sources)})")
+    src = sources[h.sentence]
+    segments, links = h.alignment(path)
+    for i, j in links:
+        if i >= len(src) or j >= len(words):
+            raise InputError(path, h.lineno, f"alignment link {i}-{j} outside the hypothesis ({len(words)} words) "
+                                             f"or its source (line {h.sentence + 1} of {source}: {len(src)} words)")
+    if segments is None:
+        return src, affiliations(links, len(src), len(words)), False
+    if any(s1 > len(src) or t1 > len(words) or s0 >= s1 for s0, s1, _, t1 in segments):
+        raise InputError(path, h.lineno, f"a phrase pair's range lies outside the hypothesis or its source "
+                                         f"(line {h.sentence + 1} of {source})")
+    return src, decoder_affiliations(segments, links, len(src), len(words)), True
 
 
 __all__ = ["RemoteBackend", "score_file", "perplexity", "rescore_nbest"]

@@ -35,15 +35,20 @@ ALIGNMENT_OPTION = click.option("--alignment", type=click.Path(dir_okay=False),
 TEXT_SCORING_OPTIONS = stacked([SOURCE_OPTION, ALIGNMENT_OPTION, DEVICE, click.option("--threads", type=THREADS), QUIET])
 
 
-def _check_source(backend, source, alignment, server=None):
-    """--source and --alignment together, in process, and exactly when the model is a joint one."""
+def _source_options(source, alignment, server, options: str = "--source and --alignment are") -> None:
+    """Before any model is loaded or server asked: a joint model's source side (`options`) is given whole
+    (--source and --alignment together, `alignment` "nbest" where the n-best list carries it) and in process."""
     if (source is None) != (alignment is None):
         raise click.UsageError("--source and --alignment go together: give both")
     if server and source is not None:
-        raise click.UsageError("a joint model scores in process: --source and --alignment are not for --server")
+        raise click.UsageError(f"a joint model scores in process: {options} not for --server")
+
+
+def _check_joint(backend, given: bool) -> None:
+    """A joint model's source side given exactly when the model is a joint one."""
     engine = getattr(backend, "inner", backend)  # the network's engine under --mix
     if hasattr(engine, "check_source"):
-        engine.check_source(source is not None)
+        engine.check_source(given)
 
 
 # `score` and `rescore-nbest`: their numbers become the mixture's (cslm.mix)
@@ -198,8 +203,9 @@ def eval_(model_dir, text, kenlm, backoff, mix, log_z, source, alignment, device
     check_paths([text, source, alignment])
     require_model_dir(model_dir, "cslm")
     _threads(threads)
+    _source_options(source, alignment, None)
     engine = Engine.load(model_dir, device=device, kenlm=kenlm if backoff else None)
-    _check_source(engine, source, alignment)
+    _check_joint(engine, source is not None)
     res = perplexity(engine, text, kenlm=kenlm, progress=not quiet, log_z=log_z, mix_weight=mix, source=source,
                      alignment=alignment)
     res["mode"] = engine.mode
@@ -278,8 +284,9 @@ def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, 
     _threads(threads)
     if ngrams and source is not None:
         raise click.UsageError("--ngrams lines carry no source window: a joint model scores sentences")
+    _source_options(source, alignment, server)
     backend = _backend(model_dir, server, kenlm, device, self_normalized, mix)
-    _check_source(backend, source, alignment, server)
+    _check_joint(backend, source is not None)
     summary = score_file(backend, text, output, ngrams=ngrams, per_word=per_word, progress=not quiet,
                          source=source, alignment=alignment)
     if not quiet:
@@ -294,20 +301,27 @@ def score(paths, output, server, ngrams, per_word, kenlm, mix, self_normalized, 
 @click.option("--server", metavar="HOST:PORT", help="Ask a running `cslm serve` instead of loading the model.")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back off to this n-gram model for unknown words.")
 @MIX_OPTION
+@click.option("--source", type=click.Path(dir_okay=False),
+              help="A joint model's source text: line k is the source of the list's sentence k.")
 @DEVICE
 @click.option("--threads", type=THREADS)
 @QUIET
 @fail_cleanly
-def rescore_nbest(paths, output, feature, server, kenlm, mix, device, threads, quiet):
-    """Add `FEATURE= <ln P(hypothesis)> <unknown words>` to every hypothesis of a Moses n-best list."""
+def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, threads, quiet):
+    """Add `FEATURE= <ln P(hypothesis)> <unknown words>` to every hypothesis of a Moses n-best list.
+
+    A joint model reads the --source text and each hypothesis' word alignment (Moses's
+    -print-alignment-info-in-n-best); with -include-segmentation-in-n-best too, its scores are the
+    decoder's NNJM feature's."""
     from .apply import rescore_nbest as run
 
     model_dir, nbest = _split_paths(paths, server, "NBEST")
-    check_paths([nbest], output)
+    check_paths([nbest, source], output)
     _threads(threads)
+    _source_options(source, None if source is None else "nbest", server, "--source is")
     backend = _backend(model_dir, server, kenlm, device, mix=mix)
-    _check_source(backend, None, None)  # a joint model's n-best rescoring is not built: refused in one line
-    summary = run(backend, nbest, output, feature=feature, progress=not quiet)
+    _check_joint(backend, source is not None)
+    summary = run(backend, nbest, output, feature=feature, progress=not quiet, source=source)
     if not quiet:
         click.echo(json.dumps(summary), err=True)
 

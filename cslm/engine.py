@@ -207,9 +207,9 @@ class Engine:
         if self.joint and not given:
             raise UserError(f"{self.name} is a joint model (a source window of {self.window} words): it scores a "
                             f"target text with its source text and alignment (--source, --alignment of cslm eval "
-                            f"and cslm score)")
+                            f"and cslm score; --source of cslm rescore-nbest)")
         if given and not self.joint:
-            raise UserError(f"{self.name} is a target-only CSLM: --source and --alignment are for a joint model")
+            raise UserError(f"{self.name} is a target-only CSLM: a source text and alignment are for a joint model")
 
     # -- the batched core -------------------------------------------------
     def pad(self, ngrams: np.ndarray) -> np.ndarray:

@@ -53,11 +53,42 @@ class Hypothesis:
             index += 1
         return out
 
+    def alignment(self, path: str) -> tuple[list[tuple[int, int, int, int]] | None, list[tuple[int, int]]]:
+        """The hypothesis' phrase segmentation and word alignment, from the fields after the total:
+        Moses's `-include-segmentation-in-n-best` (`0-1=0-1 2=2 ...`: each phrase pair's source and target
+        word ranges) gives the segmentation as (source start, end, target start, end), ends excluded, or
+        None without that field; `-print-alignment-info-in-n-best` (`0-0 1-2 ...`) the (source, target)
+        word links. An InputError naming `path` and the line if the list has no word alignment field."""
+        segments, links = None, None
+        for field in self.fields[4:]:
+            tokens = field.split()
+            if tokens and all(_SEGMENT.fullmatch(t) for t in tokens):
+                segments = [_ranges(t) for t in tokens]
+            elif all(_LINK.fullmatch(t) for t in tokens) and links is None:
+                links = [(int(i), int(j)) for i, _, j in (t.partition("-") for t in tokens)]
+        if links is None:
+            raise InputError(path, self.lineno, "no word alignment after the total: decode with Moses's "
+                                                "-print-alignment-info-in-n-best")
+        return segments, links
+
     def with_feature(self, name: str, values: Sequence[float | int]) -> str:
         """The line (newline included) with `name= values...` after its feature scores."""
         fields = list(self.fields)
         fields[2] = f"{fields[2].rstrip()} {name}= {' '.join(_fmt(v) for v in values)}"
         return SEPARATOR.join(fields) + "\n"
+
+
+_LINK = re.compile(r"[0-9]+-[0-9]+")
+_SEGMENT = re.compile(r"[0-9]+(?:-[0-9]+)?=[0-9]+(?:-[0-9]+)?")
+
+
+def _ranges(token: str) -> tuple[int, int, int, int]:
+    """`3-5=4-6` or `2=3` -> (3, 6, 4, 7) or (2, 3, 3, 4): a phrase pair's source and target ranges."""
+    spans = []
+    for side in token.split("="):
+        a, _, b = side.partition("-")
+        spans += [int(a), int(b or a) + 1]
+    return spans[0], spans[1], spans[2], spans[3]
 
 
 def _fmt(value: float | int) -> str:

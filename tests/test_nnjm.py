@@ -322,6 +322,7 @@ def test_eval_and_score_commands(corpus, joint_model, tmp_path):
     (["score", "{m}", "{t}", "--ngrams", "--source", "{s}", "--alignment", "{a}"], "carry no source window"),
     (["score", "{m}", "{t}", "--source", "{s}"], "--source and --alignment go together"),
     (["rescore-nbest", "{m}", "{t}", "-o", "{o}"], "is a joint model"),
+    (["rescore-nbest", "{m}", "{t}", "-o", "{o}", "--source", "{s}", "--server", "127.0.0.1:1"], "not for --server"),
     (["serve", "{m}", "--port", "0"], "is a joint model"),
 ])
 def test_commands_refuse_a_joint_model_without_its_source_in_one_line(corpus, joint_model, tmp_path, args, expect):
@@ -343,8 +344,8 @@ def test_a_plain_model_refuses_a_source_in_one_line(corpus, tmp_path):
     assert not any(k.startswith("src_embed") for k in load_file(str(plain / "model.safetensors")))
     tgt, src, ali = corpus
     r = _cslm("eval", plain, tgt, "--source", src, "--alignment", ali, "--quiet")
-    assert r.returncode == 1 and r.stderr.strip() == f"Error: {plain} is a target-only CSLM: --source and " \
-                                                      f"--alignment are for a joint model"
+    assert r.returncode == 1 and r.stderr.strip() == f"Error: {plain} is a target-only CSLM: a source text and " \
+                                                      f"alignment are for a joint model"
 
 
 def _joint_rows(corpus, loaded):
@@ -469,3 +470,80 @@ def test_decoder_affiliations_stay_inside_each_phrase_pair():
     assert list(decoder_affiliations([(0, 2, 0, 3), (2, 5, 3, 5)], links, 5, 5)) == [0, 1, 1, 4, 3, 5]
     assert list(affiliations(links, 5, 5)) == [0, 1, 4, 4, 3, 5]
     assert list(decoder_affiliations([(0, 3, 0, 2), (3, 4, 2, 3)], [(3, 2)], 4, 3)) == [0, 2, 3, 4]
+
+
+def _nbest(corpus, tmp_path, count=40, segmentation=True):
+    """An n-best list of the corpus's first sentences as Moses writes it with -include-segmentation-in-n-best
+    and -print-alignment-info-in-n-best: each target sentence as a hypothesis, cut into phrase pairs that
+    respect its alignment (a pair ends where no link crosses), then the words' links."""
+    sents, srcs, alis = _sentences(corpus, count)
+    lines = []
+    for k, (words, src, links) in enumerate(zip(sents, srcs, alis)):
+        segs, t0, s0 = [], 0, 0
+        for t in range(1, len(words) + 1):  # close a pair where no link joins the two sides of the cut
+            inside = [i for i, j in links if t0 <= j < t]
+            s1 = max([s0 + 1] + [i + 1 for i in inside])
+            crossing = any((j < t) != (i < s1) for i, j in links if j >= t0 and i >= s0)
+            if not crossing and (t == len(words) or s1 < len(src)):
+                segs.append(f"{s0}-{s1 - 1}={t0}-{t - 1}" if t - t0 > 1 or s1 - s0 > 1 else f"{s0}={t0}")
+                t0, s0 = t, s1
+        fields = [str(k), " ".join(words), "CSLM0= -1 0", "-1"]
+        if segmentation and t0 == len(words) and s0 == len(src):
+            fields.append(" ".join(segs))
+        fields.append(" ".join(f"{i}-{j}" for i, j in links))
+        lines.append(" ||| ".join(fields))
+    path = tmp_path / ("nbest" if segmentation else "nbest.words")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path, sents, srcs, lines
+
+
+def test_rescore_nbest_with_a_joint_model_takes_the_decoders_affiliations(corpus, joint_model, tmp_path):
+    """With the segmentation, each word's window is the one Moses's NNJM feature gives it (the rule inside each
+    phrase pair); without it, training's rule over the whole hypothesis, as `cslm score` with the alignment."""
+    from mtcommon import nbest as nbest_list
+
+    out, _ = joint_model
+    engine = Engine.load(str(out), device="cpu")
+    for segmentation in (True, False):
+        path, sents, srcs, lines = _nbest(corpus, tmp_path, segmentation=segmentation)
+        result = tmp_path / f"rescored-{segmentation}"
+        r = _cslm("rescore-nbest", out, path, "-o", result, "--source", corpus[1], "--feature", "NNJM0", "--threads", "1")
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stderr.strip().splitlines()[-1])
+        hyps = [nbest_list.parse(line, str(path), k + 1) for k, line in enumerate(lines)]
+        if segmentation:
+            assert 0 < summary["decoder_affiliations"] <= len(lines)
+        else:
+            assert summary["decoder_affiliations"] == 0
+        alignments = []
+        for h, words, src in zip(hyps, sents, srcs):
+            segments, links = h.alignment(str(path))
+            affil = (decoder_affiliations(segments, links, len(src), len(words)) if segments is not None
+                     else affiliations(links, len(src), len(words)))
+            alignments.append([(int(a), j) for j, a in enumerate(affil[:-1])])
+        want = [float(np.sum(lp, dtype=np.float64)) for lp, _ in engine.score_sentences(sents, srcs, alignments)]
+        got = [float(line.split(" ||| ")[2].split("NNJM0= ")[1].split()[0]) for line in result.read_text().splitlines()]
+        assert np.allclose(got, want, atol=1e-5)
+        assert all(a.split(" ||| ")[4:] == b.split(" ||| ")[4:] for a, b in zip(lines, result.read_text().splitlines()))
+
+
+@pytest.mark.parametrize("damage,expect", [
+    ("no-alignment", ":1: no word alignment after the total"),
+    ("sentence", "sentence 999 has no source line"),
+    ("link", "alignment link 99-0 outside the hypothesis"),
+])
+def test_rescore_nbest_with_a_joint_model_refuses_a_bad_list_in_one_line(corpus, joint_model, tmp_path, damage, expect):
+    out, _ = joint_model
+    path, _, _, lines = _nbest(corpus, tmp_path, count=3)
+    fields = lines[0].split(" ||| ")
+    if damage == "no-alignment":
+        fields = fields[:4]
+    elif damage == "sentence":
+        fields[0] = "999"
+    else:
+        fields[-1] = "99-0"
+    path.write_text("\n".join([" ||| ".join(fields)] + lines[1:]) + "\n", encoding="utf-8")
+    r = _cslm("rescore-nbest", out, path, "-o", tmp_path / "o", "--source", corpus[1], "--quiet")
+    errors = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 1 and len(errors) == 1 and expect in errors[0] and str(path) in errors[0], r.stderr
+    assert not (tmp_path / "o").exists()
