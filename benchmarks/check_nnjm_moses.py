@@ -8,7 +8,8 @@ each hypothesis' phrase segmentation and word alignment, under cube pruning (the
 the normal stack search. For every hypothesis, Moses's `NNJM0=` log-probability must equal what the
 engine (`cslm score --source --alignment`) gives its text, its source sentence and the affiliations the
 decoder uses (`cslm.data.decoder_affiliations`: the training rule inside each phrase pair), within
---tolerance, and the unknown-word count must be the number of its words outside the shortlist. Then
+--tolerance, and the unknown-word count must be the number of its words outside the shortlist; so must
+`cslm rescore-nbest --source` on Moses's own list (cube pruning). Then
 the refusals: a plain CSLM on an NNJM line, the joint model on a CSLM line, a wrong order= or
 source_window=: Moses stops at load with the feature's one-line message. Also times the decode with
 and without the feature (one thread, cube pruning, loading taken out). Prints a JSON report; exit
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, filter_table, moses_ini  # noqa: E402
 from common import require_shared  # noqa: E402
 
+from cslm.apply import rescore_nbest  # noqa: E402
 from cslm.data import affiliations, decoder_affiliations  # noqa: E402
 from cslm.engine import Engine  # noqa: E402
 from mtcommon import nbest as nbest_list  # noqa: E402
@@ -86,6 +88,21 @@ def check_mode(name, moses, ini, lines, flags, engine, tol, work) -> dict:
            "unknown_counts_equal": unk_ok, "hypotheses_whose_affiliation_is_phrase_local": differs,
            "decode_seconds": round(seconds, 2), "ok": bool(diff.max() <= tol and unk_ok)}
     print(f"{name}: {json.dumps(row)}", file=sys.stderr)
+    return row
+
+
+def rescored(nb: Path, lines: list[str], engine, work: Path, tol: float) -> dict:
+    """`cslm rescore-nbest --source` on Moses's own list (its segmentation and alignment): NNJM1 = NNJM0."""
+    if not nb.exists():
+        return {"ok": False, "error": f"{nb} was not written"}
+    source, out = work / "source.txt", work / "rescored.nbest"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = rescore_nbest(engine, str(nb), str(out), feature="NNJM1", progress=False, source=str(source))
+    pairs = [(f["NNJM0_0"], f["NNJM1_0"]) for f in (dict(h.features()) for h in nbest_list.read(str(out)))]
+    diff = max(abs(a - b) for a, b in pairs)
+    row = {"hypotheses": len(pairs), "decoder_affiliations": summary["decoder_affiliations"],
+           "max_abs_diff": diff, "ok": diff <= tol and summary["decoder_affiliations"] == len(pairs)}
+    print(f"rescore-nbest: {json.dumps(row)}", file=sys.stderr)
     return row
 
 
@@ -156,6 +173,7 @@ def main() -> None:
     moses_ini(ini, table, LM, line)
     report["cube_pruning"] = check_mode("cube pruning", moses, ini, lines, PIPELINE_FLAGS, engine, args.tolerance,
                                         work)
+    report["rescore_nbest"] = rescored(work / "cube-pruning.nbest", lines, engine, work, args.tolerance)
     report["normal_search"] = check_mode("normal search", moses, ini, lines, NORMAL_FLAGS, engine, args.tolerance,
                                          work)
     nofuture = work / "nnjm-no-future-cost.ini"
