@@ -86,6 +86,23 @@ def filter_table(table: Path, sentences: list[str], out: Path, max_len: int = 7)
     return kept
 
 
+def shared_test_set(moses: str | None, work: str | None, sentences: int, prefix: str
+                    ) -> tuple[Path, Path, list[str], Path]:
+    """What a check against Moses starts from: the shared data and `moses` (a mosesdecoder with bin/moses)
+    checked, the work folder (a new temporary one without `work`), the first `sentences` of newstest2013
+    and the shared table filtered to them (once per work folder)."""
+    require_shared()
+    if not moses or not (Path(moses) / "bin" / "moses").exists():
+        raise SystemExit("set MOSES (or --moses) to a mosesdecoder built with cslm/moses/build-moses.sh")
+    folder = Path(work or tempfile.mkdtemp(prefix=prefix))
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[:sentences]
+    table = folder / f"phrase-table.first{sentences}.gz"
+    if not table.exists():
+        filter_table(SYSTEM / "phrase-table.gz", lines, table)
+    return Path(moses), folder, lines, table
+
+
 def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | None) -> None:
     """The shared system's moses.ini without lexicalized reordering, absolute paths, plus the CSLM (or NNJM)
     line, weighted 0.1 (log-probability) and -0.1 (unknown words) under its name= (CSLM0 without one)."""

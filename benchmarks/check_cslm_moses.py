@@ -26,15 +26,14 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, Server, filter_table, free_port, moses_ini  # noqa: E402
-from common import require_shared  # noqa: E402
+from bench_cslm_decode import (  # noqa: E402
+    NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, Server, free_port, moses_ini, shared_test_set)
 
 LM = SYSTEM / "lm.fr.5.arpa.gz"  # the shared system's n-gram LM, beside the CSLM
 
@@ -102,16 +101,7 @@ def main() -> None:
     ap.add_argument("--exact-sentences", type=int, default=10,
                     help="sentences decoded with and without batching for the byte-identical check")
     args = ap.parse_args()
-    require_shared()
-    if not args.moses or not (Path(args.moses) / "bin" / "moses").exists():
-        raise SystemExit("set MOSES (or --moses) to a mosesdecoder built with cslm/moses/add-to-moses.sh")
-    moses = Path(args.moses)
-    work = Path(args.work or tempfile.mkdtemp(prefix="check-cslm-moses-"))
-    work.mkdir(parents=True, exist_ok=True)
-    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
-    table = work / f"phrase-table.first{args.sentences}.gz"
-    if not table.exists():
-        filter_table(SYSTEM / "phrase-table.gz", lines, table)
+    moses, work, lines, table = shared_test_set(args.moses, args.work, args.sentences, "check-cslm-moses-")
     meta = json.loads((Path(args.model) / "config.json").read_text()).get("meta", {})
     self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0
     engine = Engine.load(args.model, device="cpu", normalized=not self_norm)

@@ -23,15 +23,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, filter_table, moses_ini  # noqa: E402
-from common import require_shared  # noqa: E402
+from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, moses_ini, shared_test_set  # noqa: E402
 
 from cslm.apply import rescore_nbest  # noqa: E402
 from cslm.data import affiliations, decoder_affiliations  # noqa: E402
@@ -151,16 +149,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternated timing runs (0: no timing)")
     ap.add_argument("--work")
     args = ap.parse_args()
-    require_shared()
-    if not args.moses or not (Path(args.moses) / "bin" / "moses").exists():
-        raise SystemExit("set MOSES (or --moses) to a mosesdecoder built with cslm/moses/build-moses.sh")
-    moses = Path(args.moses)
-    work = Path(args.work or tempfile.mkdtemp(prefix="check-nnjm-moses-"))
-    work.mkdir(parents=True, exist_ok=True)
-    lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
-    table = work / f"phrase-table.first{args.sentences}.gz"
-    if not table.exists():
-        filter_table(SYSTEM / "phrase-table.gz", lines, table)
+    moses, work, lines, table = shared_test_set(args.moses, args.work, args.sentences, "check-nnjm-moses-")
     config = json.loads((Path(args.model) / "config.json").read_text())
     meta, order, window = config.get("meta", {}), config["model"]["order"], config["model"]["source_window"]
     self_norm = float(meta.get("train_config", {}).get("self_norm") or 0) > 0

@@ -12,6 +12,7 @@
 #include <boost/scoped_ptr.hpp>
 
 #include "CSLMBuffer.h"
+#include "CSLMShared.h"
 #include "cslm_backend.h"
 #include "cslm_ngrams.h"
 #include "moses/Factor.h"
@@ -36,11 +37,12 @@ bool CSLMState::operator==(const FFState& other) const {
 }
 
 struct CSLM::ThreadData {
-  ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer)
-      : session(s), cache(cache_size), queued_set(buffer + 1), hits(0) {}
+  ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer,
+             const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk)
+      : session(s), cache(cache_size), ids(vocab, unk), queued_set(buffer + 1), hits(0) {}
   boost::scoped_ptr<cslm::Backend::Session> session;  // evaluates, in process or through a server
   cslm::NgramCache cache;
-  boost::unordered_map<const Factor*, uint32_t> ids;  // this thread's word -> id memo
+  FactorIds ids;                           // this thread's word -> id memo
   std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request
   cslm::NgramCache queued_set;             // ... each once
   std::vector<uint32_t> phrase_ids, ngrams, next;  // EvaluateWhenApplied's working memory
@@ -53,21 +55,13 @@ CSLM::CSLM(const std::string& line)
     : StatefulFeatureFunction(2, line),
       m_host("127.0.0.1"),
       m_port(-1),
-      m_selfNorm(-1),
       m_buffer(0),
       m_corner(8),
       m_ahead(4),
-      m_stats(false),
-      m_historyCache(16384),
       m_order(0),
-      m_iniOrder(0),
-      m_factorType(0),
       m_timeout(60.0),
       m_retries(3),
-      m_cacheSize(1000000),
-      m_floor(-100.0f),
       m_prefetch(8),
-      m_futureCost(-1),
       m_bos(0),
       m_eos(0),
       m_unk(0),
@@ -78,61 +72,36 @@ CSLM::CSLM(const std::string& line)
                                                   "(log-probability, unknown words)");
   UTIL_THROW_IF2(m_port != -1 && (m_port <= 0 || m_port > 65535),
                  GetScoreProducerDescription() << ": port= must be the port of `cslm serve` (1..65535)");
-  UTIL_THROW_IF2(m_port == -1 && m_path.empty(),
+  UTIL_THROW_IF2(m_port == -1 && m_opt.path.empty(),
                  GetScoreProducerDescription() << ": give path=MODEL_DIR (in process) or port=N (a `cslm serve` server)");
 }
 
 CSLM::~CSLM() {}
 
 void CSLM::SetParameter(const std::string& key, const std::string& value) {
+  if (m_opt.Set(GetScoreProducerDescription(), key, value)) return;  // the keys NNJM takes too
   if (key == "host") {
     m_host = value;
   } else if (key == "port") {
     m_port = Scan<int>(value);
-  } else if (key == "order") {
-    m_iniOrder = Scan<unsigned>(value);
-  } else if (key == "path") {
-    m_path = value;
-  } else if (key == "factor") {
-    m_factorType = Scan<FactorType>(value);
   } else if (key == "timeout") {
     m_timeout = Scan<double>(value);
   } else if (key == "retries") {
     m_retries = Scan<int>(value);
-  } else if (key == "cache-size") {
-    m_cacheSize = Scan<size_t>(value);
-  } else if (key == "floor") {
-    m_floor = Scan<float>(value);
   } else if (key == "prefetch") {
     m_prefetch = Scan<size_t>(value);
-  } else if (key == "history-cache") {
-    m_historyCache = Scan<size_t>(value);
   } else if (key == "buffer") {
     m_buffer = Scan<size_t>(value);
   } else if (key == "corner") {
     m_corner = Scan<size_t>(value);
   } else if (key == "ahead") {
     m_ahead = Scan<size_t>(value);
-  } else if (key == "future-cost") {
-    m_futureCost = Scan<bool>(value) ? 1 : 0;
-  } else if (key == "stats") {
-    m_stats = Scan<bool>(value);
-  } else if (key == "self-normalized") {
-    UTIL_THROW_IF2(value != "auto" && value != "true" && value != "false",
-                   GetScoreProducerDescription() << ": self-normalized= must be auto, true or false");
-    m_selfNorm = value == "auto" ? -1 : value == "true";
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }
 }
 
-void CSLM::Fatal(const std::string& message) const {
-  // Called from a decoder thread: say why and stop the whole process now.
-  std::cerr << "\n" << GetScoreProducerDescription() << ": " << message << std::endl;
-  std::cout.flush();
-  std::fflush(stdout);
-  _exit(1);
-}
+void CSLM::Fatal(const std::string& message) const { CSLMFatal(GetScoreProducerDescription(), message); }
 
 void CSLM::Load(AllOptions::ptr const& opts) {
   m_options = opts;
@@ -146,11 +115,11 @@ void CSLM::Load(AllOptions::ptr const& opts) {
   bool self_normalized = false;
   if (m_port == -1) {  // in process: the model directory's weights
     try {
-      cslm::LocalBackend* local = new cslm::LocalBackend(m_path, m_selfNorm, m_historyCache, m_floor);
+      cslm::LocalBackend* local = new cslm::LocalBackend(m_opt.path, m_opt.self_norm, m_opt.history_cache, m_opt.floor);
       m_backend.reset(local);
       self_normalized = local->self_normalized();
       if (self_normalized && !local->model().self_normalized())
-        std::cerr << who << ": warning: self-normalized=true but " << m_path
+        std::cerr << who << ": warning: self-normalized=true but " << m_opt.path
                   << " was trained without --self-norm or --objective nce: its o_w are not log-probabilities"
                   << std::endl;
       std::ostringstream m;
@@ -161,14 +130,14 @@ void CSLM::Load(AllOptions::ptr const& opts) {
       UTIL_THROW2(who << ": cannot load the CSLM: " << e.what());
     }
     m_prefetch = 0;  // no round trips to fill
-    if (m_futureCost == -1) m_futureCost = 1;
+    if (m_opt.future_cost == -1) m_opt.future_cost = 1;
   } else {
-    UTIL_THROW_IF2(m_futureCost == 1, who << ": future-cost=true scores every target phrase on its own, one "
+    UTIL_THROW_IF2(m_opt.future_cost == 1, who << ": future-cost=true scores every target phrase on its own, one "
                                              "request each: in process only (give path= without port=)");
-    m_futureCost = 0;
+    m_opt.future_cost = 0;
     try {
       cslm::ServerBackend* server = new cslm::ServerBackend(m_host, static_cast<uint16_t>(m_port), m_timeout,
-                                                            m_retries, m_floor, m_path, &std::cerr, who);
+                                                            m_retries, m_opt.floor, m_opt.path, &std::cerr, who);
       m_backend.reset(server);
       model = ", checksum " + server->checksum().substr(0, 12);
     } catch (const cslm::Error& e) {  // cannot reach it, or it does not speak the protocol
@@ -189,8 +158,8 @@ void CSLM::Load(AllOptions::ptr const& opts) {
   m_eos = facts.eos;
   m_unk = facts.unk;
   UTIL_THROW_IF2(m_order < 2, who << ": " << where << " reports order " << m_order);
-  UTIL_THROW_IF2(m_iniOrder && m_iniOrder != m_order,
-                 who << ": moses.ini says order=" << m_iniOrder << " but " << where << " is a " << m_order
+  UTIL_THROW_IF2(m_opt.order && m_opt.order != m_order,
+                 who << ": moses.ini says order=" << m_opt.order << " but " << where << " is a " << m_order
                      << "-gram model");
   for (size_t i = 0; i < facts.words.size(); ++i) m_vocab[facts.words[i]] = static_cast<uint32_t>(i);
 
@@ -214,13 +183,13 @@ void CSLM::Load(AllOptions::ptr const& opts) {
   }
   UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
   std::cerr << who << ": CSLM " << where << ", order " << m_order << ", vocabulary " << facts.words.size() << model
-            << ", scoring " << buffering << (m_futureCost ? ", in the future-cost estimate" : "") << std::endl;
+            << ", scoring " << buffering << (m_opt.future_cost ? ", in the future-cost estimate" : "") << std::endl;
 }
 
 CSLM::ThreadData& CSLM::ThisThread() const {
   ThreadData* td = m_local.get();
   if (!td) {
-    td = new ThreadData(m_backend->NewSession(), m_cacheSize, m_buffer);
+    td = new ThreadData(m_backend->NewSession(), m_opt.cache_size, m_buffer, m_vocab, m_unk);
     m_local.reset(td);
   }
   return *td;
@@ -231,46 +200,13 @@ const FFState* CSLM::EmptyHypothesisState(const InputType& /*input*/) const {
 }
 
 void CSLM::PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>* ids) const {
-  ids->clear();
-  for (size_t i = 0; i < phrase.GetSize(); ++i) {
-    const Factor* f = phrase.GetWord(i).GetFactor(m_factorType);
-    boost::unordered_map<const Factor*, uint32_t>::const_iterator it = td.ids.find(f);
-    if (it != td.ids.end()) {
-      ids->push_back(it->second);
-      continue;
-    }
-    uint32_t id = m_unk;
-    if (f) {
-      boost::unordered_map<std::string, uint32_t>::const_iterator v = m_vocab.find(f->GetString().as_string());
-      if (v != m_vocab.end()) id = v->second;
-    }
-    td.ids[f] = id;
-    ids->push_back(id);
-  }
+  td.ids.Phrase(phrase, m_opt.factor, ids);
 }
 
 void CSLM::Score(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count,
                  std::vector<float>* logprobs) const {
-  logprobs->assign(count, 0.0f);
-  // Look in the cache first; evaluate the rest at once.
-  std::vector<uint32_t> missing;
-  std::vector<size_t> where;
-  for (size_t i = 0; i < count; ++i) {
-    uint8_t flags;
-    if (!td.cache.find(&ngrams[i * m_order], m_order, &(*logprobs)[i], &flags)) {
-      missing.insert(missing.end(), ngrams.begin() + i * m_order, ngrams.begin() + (i + 1) * m_order);
-      where.push_back(i);
-    }
-  }
-  td.hits += count - where.size();
-  if (where.empty()) return;
-  std::vector<float> lp(where.size());
-  std::vector<uint8_t> fl(where.size());
-  Evaluate(td, &missing[0], where.size(), &lp[0], &fl[0]);
-  for (size_t k = 0; k < where.size(); ++k) {
-    (*logprobs)[where[k]] = lp[k];
-    td.cache.insert(&missing[k * m_order], m_order, lp[k], fl[k]);
-  }
+  ScoreThroughCache(GetScoreProducerDescription(), &td.cache, td.session.get(), ngrams, m_order, count, logprobs,
+                    &td.hits);
 }
 
 void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) const {
@@ -284,7 +220,7 @@ void CSLM::Evaluate(ThreadData& td, const uint32_t* ngrams, size_t count, float*
 void CSLM::EvaluateInIsolation(const Phrase& /*source*/, const TargetPhrase& targetPhrase,
                                ScoreComponentCollection& scoreBreakdown,
                                ScoreComponentCollection& estimatedScores) const {
-  if (m_futureCost != 1) return;
+  if (m_opt.future_cost != 1) return;
   ThreadData& td = ThisThread();
   std::vector<uint32_t> ids, ngrams;
   PhraseIds(td, targetPhrase, &ids);
@@ -303,7 +239,7 @@ void CSLM::EvaluateInIsolation(const Phrase& /*source*/, const TargetPhrase& tar
 
 void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*input*/,
                                                           const TranslationOptionList& list) const {
-  if (m_futureCost == 1) return;  // scored in EvaluateInIsolation
+  if (m_opt.future_cost == 1) return;  // scored in EvaluateInIsolation
   // Moses computes an option's future-cost estimate before this call (and
   // keeps its own copy), so only real scores are added here: the n-grams whose
   // history lies inside the phrase, and the unknown-word count. The first
@@ -439,7 +375,7 @@ void CSLM::ScoreQueued() const {
 
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
-  if (m_stats)
+  if (m_opt.stats)
     std::cerr << GetScoreProducerDescription() << ": sentence " << source.GetTranslationId() << ": requests "
               << td.session->requests << ", n-grams evaluated " << td.session->evaluated << ", cache hits " << td.hits
               << ", hidden layers computed " << td.session->HiddenComputed() << std::endl;

@@ -37,6 +37,7 @@
 #include "moses/FF/FFState.h"
 #include "moses/FF/StatefulFeatureFunction.h"
 #include "moses/FactorTypeSet.h"
+#include "CSLMShared.h"
 
 namespace cslm {
 class Backend;
@@ -68,7 +69,7 @@ class CSLM : public StatefulFeatureFunction {
 
   void SetParameter(const std::string& key, const std::string& value);
   void Load(AllOptions::ptr const& opts);
-  bool IsUseable(const FactorMask& mask) const { return mask[m_factorType]; }
+  bool IsUseable(const FactorMask& mask) const { return mask[m_opt.factor]; }
 
   const FFState* EmptyHypothesisState(const InputType& input) const;
 
@@ -136,24 +137,16 @@ class CSLM : public StatefulFeatureFunction {
   void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
                    std::vector<uint32_t>* ngrams) const;
 
+  CSLMOptions m_opt;       // the keys NNJM takes too (CSLMShared.h); future_cost: -1 until Load decides
   std::string m_host;
   int m_port;              // -1: in process
-  int m_selfNorm;          // in process: 1 o_w alone, 0 the softmax, -1 as the model was trained
   size_t m_buffer;         // n-grams per buffered request; 0: no buffer
   size_t m_corner;         // cube pruning with the buffer: a new cube's expansions (x+1)(y+1) <= corner asked ahead
   size_t m_ahead;          // ... and each time a cube leaves what was asked, `ahead` times more of it
-  bool m_stats;
-  size_t m_historyCache;   // in process: hidden layers cached per thread, by history (slots)
   unsigned m_order;        // the server's n (order= in the ini must agree)
-  unsigned m_iniOrder;     // 0 if not given
-  std::string m_path;      // model directory: its vocabulary must be the server's
-  FactorType m_factorType;
   double m_timeout;        // seconds, connect and every reply
   int m_retries;
-  size_t m_cacheSize;
-  float m_floor;           // lowest log-probability passed to the decoder
   size_t m_prefetch;       // other options of the span whose boundary n-grams share a request
-  int m_futureCost;        // 1: internal n-grams and an estimate in EvaluateInIsolation; -1: in process only
 
   // Read-only after Load: shared by all threads.
   uint32_t m_bos, m_eos, m_unk;

@@ -41,6 +41,7 @@
 #include "moses/FF/FFState.h"
 #include "moses/FF/StatefulFeatureFunction.h"
 #include "moses/FactorTypeSet.h"
+#include "CSLMShared.h"
 
 namespace cslm {
 class Backend;
@@ -59,7 +60,7 @@ class NNJM : public StatefulFeatureFunction {
 
   void SetParameter(const std::string& key, const std::string& value);
   void Load(AllOptions::ptr const& opts);
-  bool IsUseable(const FactorMask& mask) const { return mask[m_factorType]; }
+  bool IsUseable(const FactorMask& mask) const { return mask[m_opt.factor]; }
 
   // The sentence start: <s> as the history.
   const FFState* EmptyHypothesisState(const InputType& input) const;
@@ -89,26 +90,14 @@ class NNJM : public StatefulFeatureFunction {
   ThreadData& ThisThread() const;
   // The sentence's padded source ids (cslm::padded_source), made once per sentence.
   const std::vector<uint32_t>& Source(ThreadData& td, const InputType& input) const;
-  void PhraseIds(ThreadData& td, const Phrase& phrase, std::vector<uint32_t>* ids) const;
   // The source index (in the sentence) each word of `phrase` is affiliated to,
   // its source span starting at `start` and `src_len` words long (valid until
   // the next call).
   const std::vector<size_t>& Affiliations(ThreadData& td, const TargetPhrase& phrase, size_t start,
                                           size_t src_len) const;
-  // Scores `count` rows of row-size ids each through the thread's cache.
-  void Score(ThreadData& td, const std::vector<uint32_t>& rows, size_t count, std::vector<float>* logprobs) const;
-  void Fatal(const std::string& message) const;
 
-  std::string m_path;      // model directory
-  unsigned m_iniOrder;     // order= (0 if not given): must be the model's n
+  CSLMOptions m_opt;       // the keys CSLM takes too (CSLMShared.h); future_cost -1 (not given) is true here
   unsigned m_iniWindow;    // source_window= (0 if not given): must be the model's m
-  int m_selfNorm;          // 1 o_w alone, 0 the softmax, -1 as the model was trained
-  size_t m_historyCache;   // hidden layers cached per thread (slots)
-  size_t m_cacheSize;      // rows cached per thread
-  float m_floor;           // lowest log-probability passed to the decoder
-  bool m_futureCost;       // an estimate of each phrase's first words in the future cost
-  bool m_stats;
-  FactorType m_factorType;        // the target words' factor
   FactorType m_sourceFactorType;  // the source words'
 
   // Read-only after Load: shared by all threads.

@@ -1,0 +1,96 @@
+// CSLMShared.cpp -- see CSLMShared.h.
+#include "CSLMShared.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "moses/Factor.h"
+#include "moses/Phrase.h"
+#include "moses/Util.h"
+#include "moses/Word.h"
+#include "util/exception.hh"
+
+namespace Moses {
+
+bool CSLMOptions::Set(const std::string& who, const std::string& key, const std::string& value) {
+  if (key == "path") {
+    path = value;
+  } else if (key == "order") {
+    order = Scan<unsigned>(value);
+  } else if (key == "factor") {
+    factor = Scan<FactorType>(value);
+  } else if (key == "cache-size") {
+    cache_size = Scan<size_t>(value);
+  } else if (key == "floor") {
+    floor = Scan<float>(value);
+  } else if (key == "history-cache") {
+    history_cache = Scan<size_t>(value);
+  } else if (key == "future-cost") {
+    future_cost = Scan<bool>(value) ? 1 : 0;
+  } else if (key == "stats") {
+    stats = Scan<bool>(value);
+  } else if (key == "self-normalized") {
+    UTIL_THROW_IF2(value != "auto" && value != "true" && value != "false",
+                   who << ": self-normalized= must be auto, true or false");
+    self_norm = value == "auto" ? -1 : value == "true";
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void CSLMFatal(const std::string& who, const std::string& message) {
+  std::cerr << "\n" << who << ": " << message << std::endl;
+  std::cout.flush();
+  std::fflush(stdout);
+  _exit(1);
+}
+
+uint32_t FactorIds::Id(const Factor* factor) {
+  boost::unordered_map<const Factor*, uint32_t>::const_iterator it = memo_.find(factor);
+  if (it != memo_.end()) return it->second;
+  uint32_t id = unk_;
+  if (factor) {
+    boost::unordered_map<std::string, uint32_t>::const_iterator v = vocab_.find(factor->GetString().as_string());
+    if (v != vocab_.end()) id = v->second;
+  }
+  memo_[factor] = id;
+  return id;
+}
+
+void FactorIds::Phrase(const Moses::Phrase& phrase, FactorType factor_type, std::vector<uint32_t>* ids) {
+  ids->clear();
+  for (size_t i = 0; i < phrase.GetSize(); ++i) ids->push_back(Id(phrase.GetWord(i).GetFactor(factor_type)));
+}
+
+void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Backend::Session* session,
+                       const std::vector<uint32_t>& rows, unsigned width, size_t count, std::vector<float>* logprobs,
+                       size_t* hits) {
+  logprobs->assign(count, 0.0f);
+  std::vector<uint32_t> missing;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < count; ++i) {
+    uint8_t flags;
+    if (!cache->find(&rows[i * width], width, &(*logprobs)[i], &flags)) {
+      missing.insert(missing.end(), rows.begin() + i * width, rows.begin() + (i + 1) * width);
+      where.push_back(i);
+    }
+  }
+  *hits += count - where.size();
+  if (where.empty()) return;
+  std::vector<float> lp(where.size());
+  std::vector<uint8_t> fl(where.size());
+  try {
+    session->Evaluate(&missing[0], where.size(), &lp[0], &fl[0]);
+  } catch (const std::exception& e) {
+    CSLMFatal(who, std::string(e.what()) + "; stopping the decoder");
+  }
+  for (size_t k = 0; k < where.size(); ++k) {
+    (*logprobs)[where[k]] = lp[k];
+    cache->insert(&missing[k * width], width, lp[k], fl[k]);
+  }
+}
+
+}  // namespace Moses

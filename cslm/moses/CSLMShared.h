@@ -1,0 +1,71 @@
+// CSLMShared.h -- what the CSLM and NNJM feature functions (CSLM.h, NNJM.h)
+// share: the options both read from their moses.ini line, Moses words mapped to
+// a model's ids once, scoring through the per-thread cache, and stopping the
+// decoder from a decoder thread.
+#pragma once
+
+#include <stdint.h>
+
+#include <string>
+#include <vector>
+
+#include <boost/unordered_map.hpp>
+
+#include "cslm_backend.h"
+#include "cslm_ngrams.h"
+#include "moses/TypeDef.h"
+
+namespace Moses {
+
+class Factor;
+class Phrase;
+
+// The keys both lines take (docs/moses-feature.md, "moses.ini").
+struct CSLMOptions {
+  CSLMOptions()
+      : order(0), self_norm(-1), history_cache(16384), cache_size(1000000), floor(-100.0f), future_cost(-1),
+        stats(false), factor(0) {}
+  // Reads `key` if it is one of these options and returns true; false for another key. A bad
+  // value throws, naming the feature (`who`).
+  bool Set(const std::string& who, const std::string& key, const std::string& value);
+
+  std::string path;      // path=: the model directory
+  unsigned order;        // order=: the model's n if given (0: not given)
+  int self_norm;         // self-normalized=: 1 o_w alone, 0 the softmax, -1 (auto) as the model was trained
+  size_t history_cache;  // history-cache=: hidden layers cached per thread (slots)
+  size_t cache_size;     // cache-size=: scores cached per thread
+  float floor;           // floor=: lowest log-probability passed to the decoder
+  int future_cost;       // future-cost=: 1 true, 0 false, -1 not given
+  bool stats;            // stats=: one line per sentence on stderr
+  FactorType factor;     // factor=: the target factor scored
+};
+
+// Says why on stderr, prefixed by the feature's name, and stops the whole
+// process now (called from a decoder thread, where an exception would not
+// reach the user).
+void CSLMFatal(const std::string& who, const std::string& message);
+
+// One thread's map from Moses words to a model's ids, each word looked up in the
+// vocabulary once (by its factor's address, as Moses's own LMs do).
+class FactorIds {
+ public:
+  FactorIds(const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk) : vocab_(vocab), unk_(unk) {}
+  // The id of a factor (unk for a word outside the vocabulary, or no factor).
+  uint32_t Id(const Factor* factor);
+  // The ids of `phrase`'s words' `factor_type` factors into `ids` (cleared first).
+  void Phrase(const Moses::Phrase& phrase, FactorType factor_type, std::vector<uint32_t>* ids);
+
+ private:
+  const boost::unordered_map<std::string, uint32_t>& vocab_;
+  uint32_t unk_;
+  boost::unordered_map<const Factor*, uint32_t> memo_;
+};
+
+// Scores `count` rows of `width` ids each into logprobs[0..count): those the
+// cache holds from it (added to *hits), the others in one call to `session`,
+// then cached. Stops the decoder (CSLMFatal) if the backend cannot answer.
+void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Backend::Session* session,
+                       const std::vector<uint32_t>& rows, unsigned width, size_t count, std::vector<float>* logprobs,
+                       size_t* hits);
+
+}  // namespace Moses
