@@ -120,7 +120,8 @@ def write_report(args) -> None:
     for description in all_descriptions:
         lines += ["", f"over all tunings: `{description}`"]
     models = [row for row in (*(model_row(name, work / folder / "model") for folder, name in PHRASE_NETWORKS.items()),
-                              model_row("CSLM", work / "cslm" / "model")) if row]
+                              model_row("CSLM", work / "cslm" / "model"), model_row("NNJM", work / "nnjm" / "model"))
+              if row]
     if models:
         lines += ["", "| Network | preset | parameters | recipe | training budget | updates | held-out ppl |",
                   "|---|---|---:|---|---|---:|---:|", *models]

@@ -516,6 +516,14 @@ def test_report_lists_the_networks_from_their_model_directories(tmp_path):
     mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline"])
     assert ("| RNN Encoder–Decoder | small | 1.5 M | fast | 60 min, 2 thread(s) | 1234 | 6.43 |"
             in (tmp_path / "report.md").read_text().splitlines())
+    nnjm = tmp_path / "nnjm" / "model"  # the joint model's directory has its row too
+    nnjm.mkdir(parents=True)
+    save_file({"w": np.zeros((1000, 500), dtype=np.float32)}, str(nnjm / "model.safetensors"))
+    meta["valid_ppl"] = 30.5
+    (nnjm / "config.json").write_text(json.dumps({"format": "cslm", "model": {"source_window": 11}, "meta": meta}))
+    mt.main(["report", str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline"])
+    assert ("| NNJM | small | 0.5 M | fast | 60 min, 2 thread(s) | 1234 | 30.50 |"
+            in (tmp_path / "report.md").read_text().splitlines())
     (model / "config.json").write_text(json.dumps({"format": "moses-rnn", "model": {}, "meta": ["not", "a", "dict"]}))
     with pytest.raises(SystemExit, match=f"mt.py report: {model / 'config.json'}: \"meta\" is not an object"):
         mt.main(["report", str(tmp_path), str(tmp_path / "report2.md"), "--systems", "baseline"])
