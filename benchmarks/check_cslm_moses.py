@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import finish_check  # noqa: E402
 from bench_cslm_decode import (  # noqa: E402
     NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, Server, free_port, moses_ini, shared_test_set)
 
@@ -160,10 +161,7 @@ def main() -> None:
         (ln.strip() for ln in err.splitlines() if "lost the CSLM server" in ln), None)}
     report["server_killed"]["ok"] = code not in (0, None) and report["server_killed"]["message"] is not None
 
-    ok = all(v.get("ok") for v in report.values() if isinstance(v, dict))
-    report["all_ok"] = ok
-    print(json.dumps(report, indent=2))
-    sys.exit(0 if ok else 1)
+    finish_check(report)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import finish_check  # noqa: E402
 from bench_cslm_decode import NORMAL_FLAGS, PIPELINE_FLAGS, SYSTEM, moses_ini, shared_test_set  # noqa: E402
 
 from cslm.apply import rescore_nbest  # noqa: E402
@@ -185,10 +186,7 @@ def main() -> None:
         moses_ini(base, table, LM, None)
         report["decode_time"] = timing(moses, base, ini, lines, args.repeats)
 
-    ok = all(v.get("ok") for v in report.values() if isinstance(v, dict))
-    report["all_ok"] = ok
-    print(json.dumps(report, indent=2))
-    sys.exit(0 if ok else 1)
+    finish_check(report)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 import itertools
 import os
 import statistics
@@ -79,6 +80,14 @@ def emit(report: dict, path: str | None = None) -> None:
     if path:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text + "\n")
+
+
+def finish_check(report: dict) -> None:
+    """End a check: `all_ok` when every part of `report` (each a dict with "ok") passed, the report printed
+    (`emit`), exit status 1 if any part failed."""
+    report["all_ok"] = all(v.get("ok") for v in report.values() if isinstance(v, dict))
+    emit(report)
+    sys.exit(0 if report["all_ok"] else 1)
 
 
 def workdir() -> str:
