@@ -112,6 +112,9 @@ LocalBackend::LocalBackend(const std::string& model_dir, int self_normalized, si
   facts_.order = model_.order();
   facts_.source_window = model_.source_window();
   facts_.source_words = model_.source_vocabulary();
+  facts_.source_bos = model_.source_bos_id();
+  facts_.source_eos = model_.source_eos_id();
+  facts_.source_unk = model_.source_unk_id();
   facts_.bos = model_.bos_id();
   facts_.eos = model_.eos_id();
   facts_.unk = model_.unk_id();

@@ -28,10 +28,11 @@ namespace cslm {
 
 // What the feature needs to know of the model, whoever evaluates it.
 struct ModelFacts {
-  ModelFacts() : order(0), source_window(0), bos(0), eos(0), unk(0) {}
+  ModelFacts() : order(0), source_window(0), bos(0), eos(0), unk(0), source_bos(0), source_eos(0), source_unk(0) {}
   unsigned order;                  // n: every n-gram has order() ids, oldest first
   unsigned source_window;          // m: a joint model's source words per row (0: a plain CSLM)
   uint32_t bos, eos, unk;          // <s>, </s>, [UNK]
+  uint32_t source_bos, source_eos, source_unk;  // the same in a joint model's source shortlist
   std::vector<std::string> words;  // the shortlist, index = id
   std::vector<std::string> source_words;  // a joint model's source shortlist (cslm.src.vocab), index = id
 };

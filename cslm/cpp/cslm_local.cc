@@ -228,8 +228,23 @@ std::vector<std::string> ReadVocabulary(const std::string& path) {
   return words;
 }
 
+namespace {
+// The ids of <s>, </s> and [UNK] in a vocabulary read from `path`; throws naming it if one is missing.
+void SpecialIds(const std::vector<std::string>& words, const std::string& path, uint32_t* bos, uint32_t* eos,
+                uint32_t* unk) {
+  std::map<std::string, uint32_t> special;
+  for (size_t i = 0; i < words.size(); ++i)
+    if (words[i] == "<s>" || words[i] == "</s>" || words[i] == "[UNK]") special[words[i]] = static_cast<uint32_t>(i);
+  if (special.size() != 3) throw Fail(path, "must hold <s>, </s> and [UNK]");
+  *bos = special["<s>"];
+  *eos = special["</s>"];
+  *unk = special["[UNK]"];
+}
+}  // namespace
+
 LocalModel::LocalModel(const std::string& dir)
-    : order_(0), window_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0) {
+    : order_(0), window_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0),
+      src_bos_(0), src_eos_(0), src_unk_(0) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab",
                     src_voc_path = dir + "/cslm.src.vocab";
   const Json cfg = Json::Parse(ReadFile(cfg_path), cfg_path);
@@ -258,17 +273,10 @@ LocalModel::LocalModel(const std::string& dir)
   nce_ = objective && objective->is_string() && objective->string() == "nce";
 
   words_ = ReadVocabulary(voc_path);
-  {
-    std::map<std::string, uint32_t> special;
-    for (size_t i = 0; i < words_.size(); ++i)
-      if (words_[i] == "<s>" || words_[i] == "</s>" || words_[i] == "[UNK]") special[words_[i]] = static_cast<uint32_t>(i);
-    if (special.size() != 3) throw Fail(voc_path, "must hold <s>, </s> and [UNK]");
-    bos_ = special["<s>"];
-    eos_ = special["</s>"];
-    unk_ = special["[UNK]"];
-  }
+  SpecialIds(words_, voc_path, &bos_, &eos_, &unk_);
   if (window_) {
     src_words_ = ReadVocabulary(src_voc_path);
+    SpecialIds(src_words_, src_voc_path, &src_bos_, &src_eos_, &src_unk_);
     const Json* size = model->Find("source_vocab_size");
     if (size && WholeNumber(*size, cfg_path, "\"source_vocab_size\" in \"model\"") != src_words_.size()) {
       std::ostringstream m;

@@ -97,6 +97,10 @@ class LocalModel {
   uint32_t bos_id() const { return bos_; }
   uint32_t eos_id() const { return eos_; }
   uint32_t unk_id() const { return unk_; }
+  // A joint model's <s>, </s> and [UNK] in its source shortlist (0 for a plain CSLM).
+  uint32_t source_bos_id() const { return src_bos_; }
+  uint32_t source_eos_id() const { return src_eos_; }
+  uint32_t source_unk_id() const { return src_unk_; }
   // True if the model was trained to be self-normalised: with a (ln Z)^2
   // penalty (config.json's meta.train_config.self_norm > 0) or by
   // noise-contrastive estimation (meta.train_config.objective "nce").
@@ -144,6 +148,7 @@ class LocalModel {
   uint32_t bos_, eos_, unk_;
   std::vector<float> table_;  // T[p][w][j], (order-1) x V x H_1
   std::vector<std::string> src_words_;
+  uint32_t src_bos_, src_eos_, src_unk_;
   std::vector<float> src_table_;  // S[q][s][j], source_window x V_src x H_1
   std::vector<float> b1_;
   std::vector<Layer> layers_;  // the rectified layers after the first

@@ -1,10 +1,7 @@
 // CSLM.cpp -- see CSLM.h and docs/moses-feature.md.
 #include "CSLM.h"
 
-#include <unistd.h>
-
 #include <cmath>
-#include <cstdio>
 #include <iostream>
 #include <sstream>
 
@@ -375,12 +372,8 @@ void CSLM::ScoreQueued() const {
 
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
-  if (m_opt.stats)
-    std::cerr << GetScoreProducerDescription() << ": sentence " << source.GetTranslationId() << ": requests "
-              << td.session->requests << ", n-grams evaluated " << td.session->evaluated << ", cache hits " << td.hits
-              << ", hidden layers computed " << td.session->HiddenComputed() << std::endl;
-  td.session->ResetCounters();
-  td.hits = 0;
+  EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "n-grams", td.session.get(),
+              &td.hits);
 }
 
 FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

@@ -68,4 +68,10 @@ void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Ba
                        const std::vector<uint32_t>& rows, unsigned width, size_t count, std::vector<float>* logprobs,
                        size_t* hits);
 
+// The end of a sentence in one thread: with `stats`, one line on stderr (requests,
+// `rows` evaluated, cache hits, hidden layers computed); then the session's
+// counters and *hits start again from 0.
+void EndSentence(const std::string& who, long sentence, bool stats, const char* rows, cslm::Backend::Session* session,
+                 size_t* hits);
+
 }  // namespace Moses

@@ -1,12 +1,7 @@
 // NNJM.cpp -- see NNJM.h and docs/moses-feature.md.
 #include "NNJM.h"
 
-#include <unistd.h>
-
-#include <algorithm>
-#include <cstdio>
 #include <iostream>
-#include <sstream>
 #include <stdexcept>
 
 #include "CSLM.h"  // CSLMState: the last order-1 target ids
@@ -82,15 +77,6 @@ void NNJM::SetParameter(const std::string& key, const std::string& value) {
   }
 }
 
-namespace {
-// The id of `word` in `words`; throws naming the file if it is missing.
-uint32_t Reserved(const std::vector<std::string>& words, const std::string& word, const std::string& file) {
-  std::vector<std::string>::const_iterator it = std::find(words.begin(), words.end(), word);
-  if (it == words.end()) throw std::runtime_error(file + ": has no " + word);
-  return static_cast<uint32_t>(it - words.begin());
-}
-}  // namespace
-
 void NNJM::Load(AllOptions::ptr const& opts) {
   m_options = opts;
   const std::string who = GetScoreProducerDescription();
@@ -108,10 +94,6 @@ void NNJM::Load(AllOptions::ptr const& opts) {
     const cslm::ModelFacts& facts = m_backend->facts();
     if (!facts.source_window)
       throw std::runtime_error(m_opt.path + " is a target-only CSLM (no source window): load it with a CSLM line");
-    const std::string src_vocab = m_opt.path + "/cslm.src.vocab";
-    m_srcBos = Reserved(facts.source_words, facts.words[facts.bos], src_vocab);
-    m_srcEos = Reserved(facts.source_words, facts.words[facts.eos], src_vocab);
-    m_srcUnk = Reserved(facts.source_words, facts.words[facts.unk], src_vocab);
   } catch (const std::exception& e) {
     UTIL_THROW2(who << ": cannot load the joint model: " << e.what());
   }
@@ -122,6 +104,9 @@ void NNJM::Load(AllOptions::ptr const& opts) {
   m_bos = facts.bos;
   m_eos = facts.eos;
   m_unk = facts.unk;
+  m_srcBos = facts.source_bos;
+  m_srcEos = facts.source_eos;
+  m_srcUnk = facts.source_unk;
   UTIL_THROW_IF2(m_opt.order && m_opt.order != m_order,
                  who << ": moses.ini says order=" << m_opt.order << " but " << m_opt.path << " is a " << m_order
                      << "-gram joint model");
@@ -167,13 +152,11 @@ const std::vector<size_t>& NNJM::Affiliations(ThreadData& td, const TargetPhrase
   std::vector<size_t>& out = td.affil;
   td.aligned.resize(phrase.GetSize());
   for (size_t j = 0; j < td.aligned.size(); ++j) td.aligned[j].clear();
+  // AlignmentInfo is a std::set of (source, target) pairs: in its order each word's source
+  // indices arrive ascending and once, as phrase_affiliations wants them
   const AlignmentInfo& alignment = phrase.GetAlignTerm();
   for (AlignmentInfo::const_iterator it = alignment.begin(); it != alignment.end(); ++it)
     if (it->second < td.aligned.size() && it->first < src_len) td.aligned[it->second].push_back(it->first);
-  for (size_t j = 0; j < td.aligned.size(); ++j) {  // ascending, each once (Moses's std::set order)
-    std::sort(td.aligned[j].begin(), td.aligned[j].end());
-    td.aligned[j].erase(std::unique(td.aligned[j].begin(), td.aligned[j].end()), td.aligned[j].end());
-  }
   cslm::phrase_affiliations(td.aligned, src_len, &td.local);
   out.resize(td.local.size());
   for (size_t j = 0; j < td.local.size(); ++j) out[j] = start + td.local[j];
@@ -253,12 +236,7 @@ FFState* NNJM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
 
 void NNJM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
-  if (m_opt.stats)
-    std::cerr << GetScoreProducerDescription() << ": sentence " << source.GetTranslationId() << ": rows evaluated "
-              << td.session->evaluated << ", cache hits " << td.hits << ", hidden layers computed "
-              << td.session->HiddenComputed() << std::endl;
-  td.session->ResetCounters();
-  td.hits = 0;
+  EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "rows", td.session.get(), &td.hits);
 }
 
 FFState* NNJM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,
