@@ -21,6 +21,7 @@ from mtcommon.textio import InputError, iter_lines
 from mtcommon.outputs import atomic_output
 
 from .client import RemoteBackend  # the Backend over a server (__all__)
+from .data import SourceSide, affiliations, decoder_affiliations, iter_sentences
 from .protocol import BACKOFF, UNKNOWN
 
 if TYPE_CHECKING:  # the engine (and torch) is only imported when scoring in process
@@ -40,8 +41,6 @@ def _sentence_windows(path: str, size: int, source: str | None, alignment: str |
     """The sentences of `path`, `size` at a time, with what `score_sentences` needs beside them: nothing for
     a target-only model; a joint model's source sentences and alignments (`cslm.data.iter_sentences`: the
     three files read in step, a bad line an InputError naming its file and line)."""
-    from .data import SourceSide, iter_sentences
-
     side = SourceSide(source, alignment) if source is not None or alignment is not None else None
     if side is not None and (source is None or alignment is None):
         raise UserError("a joint model scores a target text with --source and --alignment together: give both")
@@ -294,8 +293,6 @@ def rescore_nbest(backend: Backend, path: str, output: str, feature: str = "CSLM
 def _nbest_affiliations(h: nbest.Hypothesis, words: list[str], sources: list[list[str]], path: str,
                         source: str) -> tuple[list[str], np.ndarray, bool]:
     """One hypothesis's source words and affiliations (see `rescore_nbest`), every index checked."""
-    from .data import affiliations, decoder_affiliations
-
     if h.sentence >= len(sources):
         raise InputError(path, h.lineno, f"sentence {h.sentence} has no source line ({source} has {len(sources)})")
     src = sources[h.sentence]

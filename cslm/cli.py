@@ -35,12 +35,16 @@ ALIGNMENT_OPTION = click.option("--alignment", type=click.Path(dir_okay=False),
 TEXT_SCORING_OPTIONS = stacked([SOURCE_OPTION, ALIGNMENT_OPTION, DEVICE, click.option("--threads", type=THREADS), QUIET])
 
 
-def _source_options(source, alignment, server, options: str = "--source and --alignment are") -> None:
-    """Before any model is loaded or server asked: a joint model's source side (`options`) is given whole
-    (--source and --alignment together, `alignment` "nbest" where the n-best list carries it) and in process."""
+def _source_options(source, alignment, server) -> None:
+    """Before any model is loaded or server asked: --source and --alignment together, and in process."""
     if (source is None) != (alignment is None):
         raise click.UsageError("--source and --alignment go together: give both")
-    if server and source is not None:
+    _in_process(source is not None, server, "--source and --alignment are")
+
+
+def _in_process(given: bool, server, options: str) -> None:
+    """A joint model's source side (`options`, when `given`) is not for --server: it scores in process."""
+    if server and given:
         raise click.UsageError(f"a joint model scores in process: {options} not for --server")
 
 
@@ -318,7 +322,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
     model_dir, nbest = _split_paths(paths, server, "NBEST")
     check_paths([nbest, source], output)
     _threads(threads)
-    _source_options(source, None if source is None else "nbest", server, "--source is")
+    _in_process(source is not None, server, "--source is")
     backend = _backend(model_dir, server, kenlm, device, mix=mix)
     _check_joint(backend, source is not None)
     summary = run(backend, nbest, output, feature=feature, progress=not quiet, source=source)
