@@ -16,11 +16,13 @@ add the feature (weight 0.1, untuned: this measures speed, not BLEU):
     normal stack search, so that row and its own baseline use -search-algorithm 0
     (stack 100);
   * in-process, buffered: the same with the in-process evaluator;
-  * server, buffered, cube pruning (one row per --cubes value K:A): the
-    buffer's cube-pruning side (CSLMBuffer.h) with the pipeline's search: each
-    new cube's first expansions, (x+1)(y+1) <= K, asked for in one request per
-    stack, and each time a popped expansion's successors miss, that cube's
-    reach grown A times, in one request (on --slow-sentences sentences).
+  * server, buffered, cube pruning (one row per --cubes value): the buffer's
+    cube-pruning side (CSLMBuffer.h) with the pipeline's search, asking in one
+    request per stack either, for K:A, each new cube's first expansions,
+    (x+1)(y+1) <= K, or, for predict:P, what the stack's search creates when
+    run ahead on estimated scores for P times its pop limit; and each time a
+    popped expansion's successors miss, that cube's reach grown (by A, or 4),
+    in one request (on --slow-sentences sentences).
 
 Each row gives the decoding time without loading (wall time minus that of an
 empty input with the same moses.ini), its ratio to its baseline, and the
@@ -227,9 +229,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "server-buffered", "server-cube", "server"])
-    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "64:4"], metavar="CORNER:AHEAD",
+    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:4"], metavar="CORNER:AHEAD",
                     help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
-                         "and the factor its reach grows by past a miss)")
+                         "and the factor its reach grows by past a miss), or predict:P for predict=P (each stack's "
+                         "search run ahead on estimated scores for P times its pop limit)")
     ap.add_argument("--work", help="keep the filtered table here (reused when present)")
     ap.add_argument("--system", type=Path, default=SYSTEM,
                     help="a folder with phrase-table.gz, lm.fr.5.arpa.gz and test.tok.en [the shared system]; "
@@ -315,16 +318,21 @@ def main() -> None:
         for cube in args.cubes:
             corner, _, ahead = cube.partition(":")
             ahead = ahead or corner
+            if corner == "predict":
+                asked, name, what = f"predict={ahead}", f"predict_{ahead}", f"predict {ahead}"
+            else:
+                asked, name, what = f"corner={corner} ahead={ahead}", f"cube_{corner}_{ahead}", \
+                    f"corner {corner}, ahead {ahead}"
             for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
                 with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,
                             scpus, shlex.split(args.server_args)) as server:
                     line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 buffer=4096"
-                    ini = work / f"cslm-server-cube-{corner}-{ahead}.ini"
-                    moses_ini(ini, table, lm, f"{line} corner={corner} ahead={ahead}")
+                    ini = work / f"cslm-server-{name}.ini"
+                    moses_ini(ini, table, lm, f"{line} {asked}")
                     warm_up(moses, ini, warm, PIPELINE_FLAGS, t, dcpus)
-                    key = f"cslm_server_buffered_cube_{corner}_{ahead}" + (f"_threads_{t}" if t != args.threads else "")
-                    row = rows[key] = run_row(f"server, buffered, cube pruning, corner {corner}, ahead {ahead}, "
-                                              f"{t} threads", moses, ini, slow, PIPELINE_FLAGS, t, fastest, 1, dcpus)
+                    key = f"cslm_server_buffered_{name}" + (f"_threads_{t}" if t != args.threads else "")
+                    row = rows[key] = run_row(f"server, buffered, cube pruning, {what}, {t} threads", moses, ini, slow,
+                                              PIPELINE_FLAGS, t, fastest, 1, dcpus)
                 row["server"] = server.summary  # warm-up and load included
     for mode in ("server-buffered", "server"):
         if mode not in args.modes:

@@ -6,10 +6,12 @@ Decodes the first --sentences of newstest2013 with the shared system plus the
 CSLM feature (two scores: ln P and the unknown-word count), a 10-best list per
 sentence, in process, through a server per hypothesis (the first 10 sentences
 only: that mode takes seconds per sentence), through a server with the buffer
-(normal stack search) and with the buffer under cube pruning. Then batching
-must change nothing: the first --exact-sentences decoded with one request per
-hypothesis and with the cube-pruning buffer (one thread, deterministic cube
-pruning) must give byte-identical 1-best output and 10-best lists. For every hypothesis of every list, Moses's `CSLM0=` log-probability
+(normal stack search) and with the buffer under cube pruning, both ways (each
+new cube's corner, predict=0; each stack's search run ahead, predict=).
+Then batching must change nothing: the first --exact-sentences decoded with
+one request per hypothesis and with each cube-pruning buffer (one thread,
+deterministic cube pruning) must give byte-identical 1-best output and
+10-best lists. For every hypothesis of every list, Moses's `CSLM0=` log-probability
 must equal `cslm score` (with --self-normalized for a self-normalised model) on
 the hypothesis' text within --tolerance, and the unknown-word count must be the
 number of its words outside the shortlist. Then the failure paths: the server
@@ -99,6 +101,8 @@ def main() -> None:
     ap.add_argument("--work")
     ap.add_argument("--corner", type=int, default=16, help="corner= of the buffered cube-pruning mode")
     ap.add_argument("--ahead", type=int, default=4, help="ahead= of the buffered cube-pruning mode")
+    ap.add_argument("--predict", type=float, default=4,
+                    help="predict= of the buffered cube-pruning mode that runs each stack's search ahead")
     ap.add_argument("--exact-sentences", type=int, default=10,
                     help="sentences decoded with and without batching for the byte-identical check")
     args = ap.parse_args()
@@ -122,7 +126,8 @@ def main() -> None:
         moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096")
         report["server_buffered"] = check_mode("server, buffered", moses, ini, lines, NORMAL_FLAGS, engine,
                                                self_norm, args.tolerance, work)
-        cube = f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 corner={args.corner} ahead={args.ahead}"
+        cube = (f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 predict=0 corner={args.corner} "
+                f"ahead={args.ahead}")
         ini = work / "server-buffered-cube.ini"
         moses_ini(ini, table, LM, cube)
         report["server_buffered_cube"] = check_mode("server, buffered, cube pruning", moses, ini, lines,
@@ -132,6 +137,11 @@ def main() -> None:
         plain = work / "server-plain.ini"
         moses_ini(plain, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} prefetch=0")
         report["cube_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work)
+        ini = work / "server-buffered-predict.ini"
+        moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 predict={args.predict:g}")
+        report["server_buffered_predict"] = check_mode("server, buffered, cube pruning run ahead", moses, ini, lines,
+                                                       PIPELINE_FLAGS, engine, self_norm, args.tolerance, work)
+        report["predict_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work)
 
     # failures: no server at load; the server killed while Moses decodes
     ini = work / "absent.ini"

@@ -55,6 +55,7 @@ CSLM::CSLM(const std::string& line)
       m_buffer(0),
       m_corner(8),
       m_ahead(4),
+      m_predict(4.0f),
       m_order(0),
       m_timeout(60.0),
       m_retries(3),
@@ -93,6 +94,8 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_corner = Scan<size_t>(value);
   } else if (key == "ahead") {
     m_ahead = Scan<size_t>(value);
+  } else if (key == "predict") {
+    m_predict = Scan<float>(value);
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }
@@ -172,13 +175,17 @@ void CSLM::Load(AllOptions::ptr const& opts) {
       CSLMBuffer::Register(this);
       std::ostringstream b;
       b << "buffered, " << m_buffer << " n-grams per request";
-      if (opts->search.algo == CubePruning)
+      if (opts->search.algo == CubePruning && m_predict > 0)
+        b << ", cube pruning asking before each stack for what its search creates run ahead for " << m_predict
+          << "x its pop limit, a cube's reach grown from " << m_corner << " by " << m_ahead << "x past a miss";
+      else if (opts->search.algo == CubePruning)
         b << ", cube pruning asking ahead " << m_corner << " expansions of a new cube, its reach grown "
           << m_ahead << "x past a miss";
       buffering = b.str();
     }
   }
   UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
+  UTIL_THROW_IF2(!(m_predict >= 0 && m_predict <= 1000), who << ": predict= must be within 0..1000 (times the pop limit)");
   std::cerr << who << ": CSLM " << where << ", order " << m_order << ", vocabulary " << facts.words.size() << model
             << ", scoring " << buffering << (m_opt.future_cost ? ", in the future-cost estimate" : "") << std::endl;
 }
@@ -372,6 +379,7 @@ void CSLM::ScoreQueued() const {
 
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
+  if (m_buffer) CSLMBuffer::EndSentence();
   EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "n-grams", td.session.get(),
               &td.hits);
 }

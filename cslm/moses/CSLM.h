@@ -6,7 +6,7 @@
 //   CSLM name=CSLM0 path=/models/cslm order=7                       # in process (CPU)
 //   CSLM name=CSLM0 path=/models/cslm order=7 future-cost=false     # ... without the CSLM in the estimate
 //   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096          # a server (GPU, shared)
-//   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096 corner=16  # ... asking 16 expansions a cube ahead
+//   CSLM name=CSLM0 path=/models/cslm port=5107 buffer=4096 predict=0 corner=16  # ... asking 16 expansions a cube ahead
 //   [weight]
 //   CSLM0= 0.1 -0.1
 //
@@ -15,8 +15,9 @@
 // another for the exact softmax (self-normalized=auto|true|false).
 // Through a server (port=): one request per hypothesis whose n-grams miss the
 // cache (with prefetch), or, with buffer=N, one request per N queued n-grams
-// or per stack, in the normal stack search and under cube pruning (there also
-// one per cube whose next expansions were not asked ahead; CSLMBuffer.h).
+// or per stack, in the normal stack search and under cube pruning (there
+// what each stack's search will most likely create, run ahead, and one more
+// per cube whose search leaves that; CSLMBuffer.h).
 //
 // Scores: (1) the natural-log probability of the target words (and of </s>
 // when a hypothesis completes the sentence); (2) with num-features=2 (the
@@ -106,6 +107,11 @@ class CSLM : public StatefulFeatureFunction {
   size_t BufferSize() const { return m_buffer; }
   size_t Corner() const { return m_corner; }
   size_t Ahead() const { return m_ahead; }
+  // Under cube pruning with the buffer: P > 0 (default 4) asks, before each
+  // stack, for what that stack's cube pruning creates when run ahead on
+  // estimated scores for P times its pop limit; 0 asks for each new cube's
+  // corner instead (CSLMBuffer.h).
+  float Predict() const { return m_predict; }
   size_t Queue(const Hypothesis& hypo) const;
   size_t QueueExpansion(const Hypothesis& prev, const TranslationOption& option, bool complete) const;
   size_t Queued() const;
@@ -143,6 +149,7 @@ class CSLM : public StatefulFeatureFunction {
   size_t m_buffer;         // n-grams per buffered request; 0: no buffer
   size_t m_corner;         // cube pruning with the buffer: a new cube's expansions (x+1)(y+1) <= corner asked ahead
   size_t m_ahead;          // ... and each time a cube leaves what was asked, `ahead` times more of it
+  float m_predict;         // > 0: instead of corners, the cells of a run ahead of each stack (predict x pop limit pops)
   unsigned m_order;        // the server's n (order= in the ini must agree)
   double m_timeout;        // seconds, connect and every reply
   int m_retries;

@@ -1,6 +1,7 @@
 // CSLMBuffer.cpp -- see CSLMBuffer.h.
 #include "CSLMBuffer.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,9 @@
 #include "moses/Bitmap.h"
 #include "moses/Hypothesis.h"
 #include "moses/HypothesisStack.h"
+#include "moses/Manager.h"
+#include "moses/SquareMatrix.h"
+#include "moses/TranslationOptionCollection.h"
 #include "moses/TranslationOptionList.h"
 
 namespace Moses {
@@ -43,6 +47,71 @@ boost::unordered_map<const void*, size_t>& ReachHere() {
   return reach;
 }
 
+// predict=: a cube built for a later stack, kept until the flush before that
+// stack (the cube's vectors live as long as the sentence's search).
+struct PendingCube {
+  const std::vector<const Hypothesis*>* predecessors;
+  const TranslationOptionList* options;
+  bool complete;
+  size_t stack;     // words its expansions cover: the stack they go to
+  float estimate;   // the future-cost estimate of that coverage
+  size_t pop_limit;
+};
+
+// One decoder thread's pending cubes, and working memory for their scores and
+// the cells the run-ahead creates. Emptied at the end of each sentence.
+struct Prediction {
+  Prediction() : manager(0) {}
+  const Manager* manager;  // the sentence the pending cubes belong to
+  std::vector<PendingCube> pending;
+  std::vector<float> scores;
+  std::vector<cslm::CubeEstimate> cubes;
+  std::vector<cslm::CubeCell> cells;
+};
+Prediction& PredictionHere() {
+  static thread_local Prediction prediction;
+  return prediction;
+}
+
+// Queues what cube pruning will create in the next stack, run ahead on estimated
+// scores (cslm::cube_pops): the pending cubes of the lowest stack, predict x the
+// pop limit pops. The cubes go from the pending list.
+void QueuePredicted() {
+  Prediction& p = PredictionHere();
+  if (p.pending.empty()) return;
+  size_t stack = p.pending[0].stack;
+  for (size_t i = 1; i < p.pending.size(); ++i) stack = std::min(stack, p.pending[i].stack);
+  std::vector<PendingCube> mine, rest;
+  size_t values = 0, pop_limit = 0;
+  for (size_t i = 0; i < p.pending.size(); ++i) {
+    const PendingCube& c = p.pending[i];
+    if (c.stack != stack) {
+      rest.push_back(c);
+      continue;
+    }
+    mine.push_back(c);
+    values += c.predecessors->size() + c.options->size();
+    pop_limit = std::max(pop_limit, c.pop_limit);
+  }
+  p.pending.swap(rest);
+  p.scores.resize(values);  // not reallocated below: the CubeEstimates point into it
+  p.cubes.clear();
+  float* at = p.scores.empty() ? 0 : &p.scores[0];
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const PendingCube& c = mine[i];
+    cslm::CubeEstimate e = {at, c.predecessors->size(), at + c.predecessors->size(), c.options->size(), c.estimate};
+    for (size_t x = 0; x < e.nx; ++x) at[x] = (*c.predecessors)[x]->GetScore();
+    for (size_t y = 0; y < e.ny; ++y) at[e.nx + y] = c.options->Get(y)->GetFutureScore();
+    at += e.nx + e.ny;
+    p.cubes.push_back(e);
+  }
+  cslm::cube_pops(p.cubes, static_cast<size_t>(g_feature->Predict() * pop_limit + 0.5), &p.cells);
+  for (size_t k = 0; k < p.cells.size(); ++k) {
+    const PendingCube& c = mine[p.cells[k].cube];
+    g_feature->QueueExpansion(*(*c.predecessors)[p.cells[k].x], *c.options->Get(p.cells[k].y), c.complete);
+  }
+}
+
 // Queues the boundary n-grams of the cube's expansions (x+i, y+j), (i+1)(j+1) <= corner
 // (cslm::cube_corner); returns the queue's length.
 size_t QueueCorner(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
@@ -70,6 +139,7 @@ void CSLMBuffer::Flush() {
   if (!g_feature) return;
   std::vector<Held>& held = HeldHere();
   ReachHere().clear();
+  if (g_feature->Predict() > 0) QueuePredicted();
   g_feature->ScoreQueued();
   for (size_t i = 0; i < held.size(); ++i) {
     held[i].hypo->EvaluateWhenApplied(held[i].estimatedScore);  // every feature; the CSLM's from the cache
@@ -81,8 +151,29 @@ void CSLMBuffer::Flush() {
 void CSLMBuffer::Cube(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
                       const Bitmap& coverage) {
   if (!g_feature) return;
+  if (g_feature->Predict() > 0) {  // asked for at the flush before its stack, with the stack's other cubes
+    if (predecessors.empty() || options.size() == 0) return;  // cube pruning creates nothing from it
+    Manager& manager = predecessors[0]->GetManager();
+    Prediction& p = PredictionHere();
+    if (p.manager != &manager) {  // a new sentence: what an earlier one left is gone with its search
+      p.pending.clear();
+      p.manager = &manager;
+    }
+    PendingCube c = {&predecessors, &options, coverage.IsComplete(), coverage.GetNumWordsCovered(),
+                     manager.getSntTranslationOptions()->GetEstimatedScores().CalcEstimatedScore(coverage),
+                     manager.options()->cube.pop_limit};
+    p.pending.push_back(c);
+    return;
+  }
   if (QueueCorner(predecessors, options, coverage.IsComplete(), 0, 0, g_feature->Corner()) >= g_feature->BufferSize())
     g_feature->ScoreQueued();
+}
+
+void CSLMBuffer::EndSentence() {
+  Prediction& p = PredictionHere();
+  p.pending.clear();  // a search stopped early (out of time) leaves cubes that die with it
+  p.manager = 0;
+  ReachHere().clear();
 }
 
 void CSLMBuffer::Successors(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,

@@ -21,16 +21,20 @@
 // their full score as it creates them, one or two at a time, so nothing can be
 // held. The buffer asks ahead instead: add-to-moses.sh hooks three calls into
 // moses/BitmapContainer.cpp and moses/SearchCubePruning.cpp:
-//   * Cube(): when a cube is built (a BackwardsEdge: the predecessors, sorted
-//     best first, times the options of one source span, best first), the
-//     boundary n-grams of its first expansions, those at (x, y) with
-//     (x+1)(y+1) <= corner, join the queue;
-//   * Flush(): before a stack's cubes are initialised, the queue (the cubes
-//     built since the last stack) is scored: one request per stack, or per
-//     buffer= n-grams;
+//   * Cube(): a cube is built (a BackwardsEdge: the predecessors, sorted best
+//     first, times the options of one source span, best first) for a later
+//     stack. With predict=P > 0 (the default, 4) it is kept until the flush
+//     before that stack; with predict=0 the boundary n-grams of its first
+//     expansions, those at (x, y) with (x+1)(y+1) <= corner, join the queue.
+//   * Flush(): before a stack's cubes are initialised. With predict=P, the
+//     stack's cube pruning is run ahead on estimated scores (cslm::cube_pops:
+//     a cell's predecessor score + option future score + the future cost of
+//     its coverage, without the stateful features' boundary costs), for P
+//     times its pop limit, and every cell that run creates joins the queue.
+//     The queue is scored: one request per stack, or per buffer= n-grams.
 //   * Successors(): when a cube is about to create the successors of its
-//     popped expansion (x, y) and one of them lacks an n-gram, the cube has
-//     left what was asked for it: its reach grows `ahead` times (corner,
+//     popped expansion (x, y) and one of them lacks an n-gram, the search has
+//     left what was asked for that cube: its reach grows `ahead` times (corner,
 //     corner*ahead, corner*ahead^2, ... capped at the whole cube), and the
 //     expansions under the new reach, both from the cube's corner and from
 //     (x, y), are queued and scored at once: one request for the next several
@@ -69,7 +73,8 @@ class CSLMBuffer {
   static void Flush();
   // Cube pruning: a new cube of `predecessors` (sorted as the cube sorts them)
   // times `options` (best first); `coverage` is the coverage of every
-  // expansion. Queues the n-grams of its corner (see above).
+  // expansion. Queues the n-grams of its corner (see above); with predict=,
+  // keeps the cube for the flush before its stack instead.
   static void Cube(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
                    const Bitmap& coverage);
   // Cube pruning: the cube is about to create the successors of (x, y). If
@@ -78,6 +83,9 @@ class CSLMBuffer {
   // the queue (one request).
   static void Successors(const std::vector<const Hypothesis*>& predecessors, const TranslationOptionList& options,
                          const Bitmap& coverage, size_t x, size_t y);
+  // The sentence is decoded (the feature's CleanUpAfterSentenceProcessing):
+  // forgets this thread's cubes.
+  static void EndSentence();
 };
 
 }  // namespace Moses

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include <algorithm>
+#include <queue>
+#include <unordered_set>
 #include <utility>
 
 namespace cslm {
@@ -94,6 +96,54 @@ inline void cube_corner(size_t x, size_t y, size_t nx, size_t ny, size_t corner,
   out->clear();
   for (size_t i = 0; x + i < nx && i + 1 <= corner; ++i)
     for (size_t j = 0; y + j < ny && (i + 1) * (j + 1) <= corner; ++j) out->push_back(std::make_pair(x + i, y + j));
+}
+
+// Cube pruning run ahead on estimated scores (CSLMBuffer.h, predict=). One
+// CubeEstimate per cube (BackwardsEdge) of the stack about to be searched:
+// `rows` the predecessors' scores and `cols` the options' future scores, each
+// sorted best first as the cube sorts them, and `offset` the future-cost
+// estimate of the cube's coverage. Cube pruning creates every cube's (0, 0),
+// then pops the best created cell of the stack `pops` times (its pop limit),
+// and each pop creates the popped cell's successors (x+1, y) and (x, y+1) once.
+// This does the same with rows[x] + cols[y] + offset for a cell's score: the
+// real score adds the stateful features' boundary costs (the LMs' among them),
+// which are what the request is to compute. Every cell it creates goes to
+// `out`, in the order created.
+struct CubeEstimate {
+  const float* rows;
+  size_t nx;
+  const float* cols;
+  size_t ny;
+  float offset;
+};
+struct CubeCell {
+  size_t cube, x, y;
+};
+
+inline void cube_pops(const std::vector<CubeEstimate>& cubes, size_t pops, std::vector<CubeCell>* out) {
+  typedef std::pair<float, size_t> Entry;  // (score, index into out): a created cell awaiting its pop
+  std::priority_queue<Entry> best;
+  std::unordered_set<uint64_t> created;  // (cube, x, y) packed: a cell is created once, as cube pruning's seen set
+  out->clear();
+  for (size_t c = 0; c < cubes.size(); ++c) {
+    if (cubes[c].nx == 0 || cubes[c].ny == 0) continue;
+    CubeCell cell = {c, 0, 0};
+    best.push(Entry(cubes[c].rows[0] + cubes[c].cols[0] + cubes[c].offset, out->size()));
+    out->push_back(cell);
+  }
+  for (size_t pop = 0; pop < pops && !best.empty(); ++pop) {
+    const CubeCell at = (*out)[best.top().second];
+    best.pop();
+    const CubeEstimate& e = cubes[at.cube];
+    for (int k = 0; k < 2; ++k) {
+      CubeCell next = {at.cube, at.x + (k == 0), at.y + (k == 1)};
+      if (next.x >= e.nx || next.y >= e.ny) continue;
+      const uint64_t key = (static_cast<uint64_t>(next.cube) << 40) ^ (static_cast<uint64_t>(next.x) << 20) ^ next.y;
+      if (!created.insert(key).second) continue;
+      best.push(Entry(e.rows[next.x] + e.cols[next.y] + e.offset, out->size()));
+      out->push_back(next);
+    }
+  }
 }
 
 // A bounded map from n-gram to (log-probability, flags). When it holds

@@ -119,6 +119,33 @@ int main() {
   cslm::cube_corner(0, 0, 0, 10, 8, &cells);
   CHECK(cells.empty());
 
+  // cube pruning run ahead: every cube's (0, 0), then each pop's successors, best estimate first
+  {
+    const float rows_a[] = {0.0f, -1.0f, -5.0f}, cols_a[] = {0.0f, -0.5f};
+    const float rows_b[] = {-0.2f}, cols_b[] = {0.0f, -3.0f, -4.0f};
+    std::vector<cslm::CubeEstimate> cubes;
+    cslm::CubeEstimate a = {rows_a, 3, cols_a, 2, 0.0f}, b = {rows_b, 1, cols_b, 3, -1.0f}, none = {rows_b, 0, cols_b, 3, 0.0f};
+    cubes.push_back(a);
+    cubes.push_back(none);  // no predecessors: creates nothing
+    cubes.push_back(b);
+    std::vector<cslm::CubeCell> made;
+    cslm::cube_pops(cubes, 0, &made);
+    CHECK(made.size() == 2 && made[0].cube == 0 && made[1].cube == 2 && made[1].x == 0 && made[1].y == 0);
+    // pop 1: a(0,0) = 0 -> a(1,0) = -1, a(0,1) = -0.5; pop 2: a(0,1) -> a(1,1) = -1.5 ((0,2) is outside);
+    // pop 3: a(1,0) -> a(2,0) = -5 ((1,1) made already); pop 4: b(0,0) = -1.2 -> b(0,1) = -4.2
+    cslm::cube_pops(cubes, 4, &made);
+    CHECK(made.size() == 7);
+    std::set<std::pair<size_t, std::pair<size_t, size_t> > > got;
+    for (size_t i = 0; i < made.size(); ++i) got.insert(std::make_pair(made[i].cube, std::make_pair(made[i].x, made[i].y)));
+    CHECK(got.size() == made.size());
+    CHECK(got.count(std::make_pair(size_t(0), std::make_pair(size_t(2), size_t(0)))) == 1);
+    CHECK(got.count(std::make_pair(size_t(0), std::make_pair(size_t(1), size_t(1)))) == 1);
+    CHECK(got.count(std::make_pair(size_t(2), std::make_pair(size_t(0), size_t(1)))) == 1);
+    CHECK(got.count(std::make_pair(size_t(2), std::make_pair(size_t(0), size_t(2)))) == 0);
+    cslm::cube_pops(cubes, 100, &made);  // past the last cell: every cell, once
+    CHECK(made.size() == 3 * 2 + 1 * 3);
+  }
+
   if (failures) return 1;
   std::printf("cslm_ngrams: all checks passed\n");
   return 0;
