@@ -321,7 +321,7 @@ def main() -> None:
             if corner == "predict":
                 asked, name, what = f"predict={ahead}", f"predict_{ahead}", f"predict {ahead}"
             else:
-                asked, name, what = f"corner={corner} ahead={ahead}", f"cube_{corner}_{ahead}", \
+                asked, name, what = f"predict=0 corner={corner} ahead={ahead}", f"cube_{corner}_{ahead}", \
                     f"corner {corner}, ahead {ahead}"
             for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
                 with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,

@@ -124,7 +124,7 @@ GPU = Sizes(
     cslm_preset="paper", cslm_lines=60_000,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
-    decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
+    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:4"],
     batch_size=2048,
     batch_args=["--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4", "--valid-pairs", "500"],
     score_workers=[4, 8],
@@ -139,7 +139,7 @@ DRY = Sizes(
     cslm_preset="tiny", cslm_lines=400,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
     server_args=["--ngrams", "4000", "--clients", "1", "4", "--latency-requests", "10"],
-    decode_args=["--quick", "--modes", "server-cube", "--cubes", "1:1"],
+    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:4"],
     batch_size=256,
     batch_args=["--max-steps", "20", "--eval-every", "10", "--valid-pairs", "20"],
     score_workers=[2],
@@ -630,7 +630,8 @@ class GpuCheck:
             raise CheckFailed("bench_cslm_decode.py wrote no report (Moses not found?)")
         with open(report_path, encoding="utf-8") as f:
             rep = json.load(f)
-        rows = {k: v for k, v in rep.get("rows", {}).items() if k.startswith("cslm_server_buffered_cube")}
+        cube_rows = ("cslm_server_buffered_cube", "cslm_server_buffered_predict")
+        rows = {k: v for k, v in rep.get("rows", {}).items() if k.startswith(cube_rows)}
         if not rows:
             raise CheckFailed("no cube-pruning server row in bench_cslm_decode.py's report")
         best = min(rows, key=lambda k: rows[k]["ratio_to_baseline"])
