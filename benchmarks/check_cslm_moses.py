@@ -73,18 +73,22 @@ def check_mode(name, moses, ini, lines, flags, engine, self_norm, tol, work) -> 
     return row
 
 
-def same_output(moses, ini_a, ini_b, lines, work) -> dict:
-    """Decode with each ini (cube pruning, deterministic, one thread, 10-best): byte-identical outputs?"""
+def same_output(moses, ini_a, ini_b, lines, work, decoded: dict | None = None) -> dict:
+    """Decode with each ini (cube pruning, deterministic, one thread, 10-best): byte-identical outputs?
+    `decoded` keeps each ini's outputs, so that a reference compared twice is decoded once."""
     outs = []
+    decoded = {} if decoded is None else decoded
     for ini in (ini_a, ini_b):
-        nb = work / f"{ini.stem}.exact.nbest"
-        t = time.perf_counter()
-        r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", "1", *PIPELINE_FLAGS,
-                            "-cube-pruning-deterministic-search", "-n-best-list", str(nb), "10"],
-                           input="\n".join(lines) + "\n", capture_output=True, text=True)
-        if r.returncode != 0:
-            return {"ok": False, "error": r.stderr[-2000:]}
-        outs.append((r.stdout, nb.read_text(encoding="utf-8"), round(time.perf_counter() - t, 1)))
+        if (ini, len(lines)) not in decoded:
+            nb = work / f"{ini.stem}.exact.nbest"
+            t = time.perf_counter()
+            r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", "1", *PIPELINE_FLAGS,
+                                "-cube-pruning-deterministic-search", "-n-best-list", str(nb), "10"],
+                               input="\n".join(lines) + "\n", capture_output=True, text=True)
+            if r.returncode != 0:
+                return {"ok": False, "error": r.stderr[-2000:]}
+            decoded[ini, len(lines)] = (r.stdout, nb.read_text(encoding="utf-8"), round(time.perf_counter() - t, 1))
+        outs.append(decoded[ini, len(lines)])
     row = {"sentences": len(lines), "seconds": [outs[0][2], outs[1][2]],
            "one_best_identical": outs[0][0] == outs[1][0], "nbest_identical": outs[0][1] == outs[1][1]}
     row["ok"] = row["one_best_identical"] and row["nbest_identical"]
@@ -136,12 +140,14 @@ def main() -> None:
         # under cube pruning, one decoder thread and the deterministic search: byte-identical 1-best and n-best
         plain = work / "server-plain.ini"
         moses_ini(plain, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} prefetch=0")
-        report["cube_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work)
+        decoded: dict = {}
+        report["cube_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work, decoded)
         ini = work / "server-buffered-predict.ini"
         moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 predict={args.predict:g}")
         report["server_buffered_predict"] = check_mode("server, buffered, cube pruning run ahead", moses, ini, lines,
                                                        PIPELINE_FLAGS, engine, self_norm, args.tolerance, work)
-        report["predict_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work)
+        report["predict_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work,
+                                                       decoded)
 
     # failures: no server at load; the server killed while Moses decodes
     ini = work / "absent.ini"
