@@ -55,19 +55,27 @@ struct PendingCube {
   bool complete;
   size_t stack;     // words its expansions cover: the stack they go to
   float estimate;   // the future-cost estimate of that coverage
-  size_t pop_limit;
 };
 
 // One decoder thread's pending cubes, and working memory for their scores and
 // the cells the run-ahead creates. Emptied at the end of each sentence.
 struct Prediction {
-  Prediction() : manager(0) {}
+  Prediction() : manager(0), pop_limit(0) {}
   const Manager* manager;  // the sentence the pending cubes belong to
+  size_t pop_limit;        // ... and its cube pruning pop limit
   std::vector<PendingCube> pending;
   std::vector<float> scores;
   std::vector<cslm::CubeEstimate> cubes;
   std::vector<cslm::CubeCell> cells;
 };
+
+// True for a pending cube of another stack than `stack`.
+struct OtherStack {
+  explicit OtherStack(size_t s) : stack(s) {}
+  bool operator()(const PendingCube& c) const { return c.stack != stack; }
+  size_t stack;
+};
+
 Prediction& PredictionHere() {
   static thread_local Prediction prediction;
   return prediction;
@@ -75,41 +83,35 @@ Prediction& PredictionHere() {
 
 // Queues what cube pruning will create in the next stack, run ahead on estimated
 // scores (cslm::cube_pops): the pending cubes of the lowest stack, predict x the
-// pop limit pops. The cubes go from the pending list.
+// pop limit pops. Those cubes leave the pending list.
 void QueuePredicted() {
   Prediction& p = PredictionHere();
   if (p.pending.empty()) return;
   size_t stack = p.pending[0].stack;
   for (size_t i = 1; i < p.pending.size(); ++i) stack = std::min(stack, p.pending[i].stack);
-  std::vector<PendingCube> mine, rest;
-  size_t values = 0, pop_limit = 0;
-  for (size_t i = 0; i < p.pending.size(); ++i) {
-    const PendingCube& c = p.pending[i];
-    if (c.stack != stack) {
-      rest.push_back(c);
-      continue;
-    }
-    mine.push_back(c);
-    values += c.predecessors->size() + c.options->size();
-    pop_limit = std::max(pop_limit, c.pop_limit);
-  }
-  p.pending.swap(rest);
+  // the next stack's cubes to the end, in the order they were built (the run-ahead is deterministic)
+  const std::vector<PendingCube>::iterator mine =
+      std::stable_partition(p.pending.begin(), p.pending.end(), OtherStack(stack));
+  size_t values = 0;
+  for (std::vector<PendingCube>::iterator c = mine; c != p.pending.end(); ++c)
+    values += c->predecessors->size() + c->options->size();
   p.scores.resize(values);  // not reallocated below: the CubeEstimates point into it
   p.cubes.clear();
   float* at = p.scores.empty() ? 0 : &p.scores[0];
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const PendingCube& c = mine[i];
-    cslm::CubeEstimate e = {at, c.predecessors->size(), at + c.predecessors->size(), c.options->size(), c.estimate};
-    for (size_t x = 0; x < e.nx; ++x) at[x] = (*c.predecessors)[x]->GetScore();
-    for (size_t y = 0; y < e.ny; ++y) at[e.nx + y] = c.options->Get(y)->GetFutureScore();
+  for (std::vector<PendingCube>::iterator c = mine; c != p.pending.end(); ++c) {
+    cslm::CubeEstimate e = {at, c->predecessors->size(), at + c->predecessors->size(), c->options->size(),
+                            c->estimate};
+    for (size_t x = 0; x < e.nx; ++x) at[x] = (*c->predecessors)[x]->GetScore();
+    for (size_t y = 0; y < e.ny; ++y) at[e.nx + y] = c->options->Get(y)->GetFutureScore();
     at += e.nx + e.ny;
     p.cubes.push_back(e);
   }
-  cslm::cube_pops(p.cubes, static_cast<size_t>(g_feature->Predict() * pop_limit + 0.5), &p.cells);
+  cslm::cube_pops(p.cubes, static_cast<size_t>(g_feature->Predict() * p.pop_limit + 0.5), &p.cells);
   for (size_t k = 0; k < p.cells.size(); ++k) {
     const PendingCube& c = mine[p.cells[k].cube];
     g_feature->QueueExpansion(*(*c.predecessors)[p.cells[k].x], *c.options->Get(p.cells[k].y), c.complete);
   }
+  p.pending.erase(mine, p.pending.end());
 }
 
 // Queues the boundary n-grams of the cube's expansions (x+i, y+j), (i+1)(j+1) <= corner
@@ -158,10 +160,10 @@ void CSLMBuffer::Cube(const std::vector<const Hypothesis*>& predecessors, const 
     if (p.manager != &manager) {  // a new sentence: what an earlier one left is gone with its search
       p.pending.clear();
       p.manager = &manager;
+      p.pop_limit = manager.options()->cube.pop_limit;
     }
     PendingCube c = {&predecessors, &options, coverage.IsComplete(), coverage.GetNumWordsCovered(),
-                     manager.getSntTranslationOptions()->GetEstimatedScores().CalcEstimatedScore(coverage),
-                     manager.options()->cube.pop_limit};
+                     manager.getSntTranslationOptions()->GetEstimatedScores().CalcEstimatedScore(coverage)};
     p.pending.push_back(c);
     return;
   }
