@@ -34,6 +34,39 @@ def table_slice(lines: int, folder: str, name: str | None = None, table: str | P
     return out
 
 
+def filter_arpa(src: str | Path, dst: str | Path, vocab: set[str]) -> dict[int, int]:
+    """The n-grams of ARPA file `src` whose words are all in `vocab` (or <s>, </s>, <unk>) into `dst`
+    (gzip when it ends in .gz), the header's counts rewritten: KenLM's `filter single vocab`.
+
+    Lossless for text over `vocab`: every n-gram such text queries, and every context and suffix it backs
+    off to, has only words of `vocab`, so it is kept with its probability and back-off. Returns the counts
+    kept per order."""
+    keep = {w.encode("utf-8") for w in vocab} | {b"<s>", b"</s>", b"<unk>"}
+    sections: dict[int, list[bytes]] = {}
+    order = 0
+    with gzip.open(src, "rb") if str(src).endswith(".gz") else open(src, "rb") as f:
+        for raw in f:
+            line = raw.rstrip(b"\n")
+            if line.startswith(b"\\") and line.endswith(b"-grams:"):
+                order = int(line[1:line.index(b"-")])
+                sections[order] = []
+            elif line == b"\\end\\":
+                order = 0
+            elif order and line:
+                fields = line.split(b"\t")
+                if all(w in keep for w in fields[1].split(b" ")):
+                    sections[order].append(raw if raw.endswith(b"\n") else raw + b"\n")
+    if not sections:
+        raise SystemExit(f"filter_arpa: {src} has no n-gram sections (not an ARPA file?)")
+    with gzip.open(dst, "wb", compresslevel=6) if str(dst).endswith(".gz") else open(dst, "wb") as g:
+        g.write(b"\n\\data\\\n" + b"".join(b"ngram %d=%d\n" % (n, len(v)) for n, v in sections.items()))
+        for n, entries in sections.items():
+            g.write(b"\n\\%d-grams:\n" % n)
+            g.writelines(entries)
+        g.write(b"\n\\end\\\n")
+    return {n: len(v) for n, v in sections.items()}
+
+
 def untrained_model_dir(preset: str, vocab_table: str, folder: str) -> str:
     """A model directory of `preset` sizes, shortlists from `vocab_table`, random weights.
 

@@ -16,8 +16,19 @@ recorded with its one-line error and the run goes on. Exit status 0 when
 every check ran (ok or skipped), 1 when one failed; targets missed are in
 the report, not in the exit status.
 
-Checks, in order (later ones use what earlier ones trained):
+Checks, in order (later ones use what earlier ones trained; the CSLM's first, the newest measured):
   matmul        torch.matmul rates, bf16 and fp32 (8192^3 on GPU), in this process;
+  cslm_train    `cslm train --preset paper --self-norm 0.1` (self-normalised, as the pipeline's
+                CSLM) for about 30 s: n-grams/s and the fraction of the matmul rates;
+  cslm_server, cslm_server_sn
+                benchmarks/bench_cslm_server.py on that model, exact scores and self-normalised
+                ones (--self-normalized, the mode Moses uses): the engine alone
+                (Engine.score_ids) and through `cslm serve` with 1 and 8 clients
+                (target: through the server >= 0.8 of the engine);
+  cslm_decode   benchmarks/bench_cslm_decode.py with --moses, else skipped: on that paper-size
+                model, in process (CPU) and through the server (buffered, cube pruning, 2 and 8
+                decoder threads): decoding time against the baseline (target: through the
+                server <= 3x with a GPU server, <= 5x on CPU);
   train_paper   `moses-rnn train --preset paper` for about a minute on a 200,000-line slice of
                 the shared table: pairs/s and the model arithmetic it implies as a fraction of
                 the measured matmul rates (target: >= 0.4 of bf16);
@@ -34,18 +45,7 @@ Checks, in order (later ones use what earlier ones trained):
   train_sent, translate, rescore_nbest
                 an RNNsearch sentence model trained for 30 s (`moses-rnn train --corpus`),
                 `moses-rnn translate` of 300 dev sentences (sentences/s, beam 5) and
-                `moses-rnn rescore-nbest` of their 5-best lists;
-  cslm_train    `cslm train --preset paper --self-norm 0.1` (self-normalised, as the pipeline's
-                CSLM) for about 30 s: n-grams/s and the fraction of
-                the matmul rates;
-  cslm_server, cslm_server_sn
-                benchmarks/bench_cslm_server.py on that model, exact scores and self-normalised
-                ones (--self-normalized, the mode Moses uses): the engine alone
-                (Engine.score_ids) and through `cslm serve` with 1 and 8 clients
-                (target: through the server >= 0.8 of the engine);
-  cslm_decode   benchmarks/bench_cslm_decode.py (server, buffered, cube pruning) with --moses,
-                else skipped: decoding time against the baseline (target: <= 3x with a GPU
-                server, <= 5x on CPU).
+                `moses-rnn rescore-nbest` of their 5-best lists.
 
 FLOPs per training example (forward + backward = 3 x forward, the sampled
 softmax's candidates rather than the whole shortlist) are those of
@@ -79,13 +79,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from common import SHARED, gemm_rate, table_slice  # noqa: E402
+from common import SHARED, filter_arpa, gemm_rate, table_slice  # noqa: E402
 from run_all import _fmt, classify_failure, last_json_object  # noqa: E402
 
 ROOT = HERE.parent
 EXAMPLE_TABLE = ROOT / "moses_rnn" / "data" / "example.en-fr.phrase-table"
 DATA = SHARED / "en-fr-moses"
 DATA_FILES = ("phrase-table.gz", "train.tok.en", "train.tok.fr", "dev.tok.en")  # what the checks read of --data
+DECODE_FILES = ("phrase-table.gz", "lm.fr.5.arpa.gz", "test.tok.en")  # ... and cslm_decode, of the shared system
+DECODE_SENTENCES = 50  # bench_cslm_decode.py --quick
 BUDGET_S = 480
 
 
@@ -124,7 +126,7 @@ GPU = Sizes(
     cslm_preset="paper", cslm_lines=60_000,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
-    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:4"],
+    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:4", "--cube-threads", "2", "8"],
     batch_size=2048,
     batch_args=["--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4", "--valid-pairs", "500"],
     score_workers=[4, 8],
@@ -146,9 +148,9 @@ DRY = Sizes(
 )
 
 # per check: its own timeout (seconds), within what is left of --budget
-TIMEOUTS = {"matmul": 30, "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90,
-            "score_sharded": 90, "score_workers": 120, "train_sent": 80, "translate": 40, "rescore_nbest": 60,
-            "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60, "cslm_decode": 300}
+TIMEOUTS = {"matmul": 30, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60, "cslm_decode": 300,
+            "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90,
+            "score_sharded": 90, "score_workers": 120, "train_sent": 80, "translate": 40, "rescore_nbest": 60}
 
 
 # what each check uses of an earlier one: the matmul rates, the models trained, the fp32 output
@@ -286,12 +288,37 @@ def head(src: str | Path, dst: str | Path, lines: int) -> None:
 
 def pack_data(data: Path, out: Path) -> None:
     """What a GPU run reads of `data`, cut to its sizes, into `out`: small enough to travel with the
-    repository to a machine that has no ../shared."""
+    repository to a machine that has no ../shared. With the shared system's LM and test set in `data`,
+    also out/decode: the decode check's system (pack_decode)."""
     out.mkdir(parents=True, exist_ok=True)
     table_slice(max(GPU.score_lines, GPU.train_lines), str(out), "phrase-table.gz", data / "phrase-table.gz")
     for side in ("en", "fr"):
         head(data / f"train.tok.{side}", out / f"train.tok.{side}", max(GPU.sent_lines, GPU.cslm_lines))
     head(data / "dev.tok.en", out / "dev.tok.en", max(GPU.translate_lines, GPU.nbest_lines))
+    if all((data / f).exists() for f in DECODE_FILES):
+        pack_decode(data, out / "decode")
+
+
+def pack_decode(system: Path, out: Path, sentences: int = DECODE_SENTENCES) -> None:
+    """The shared system cut to what `bench_cslm_decode.py --quick --system OUT` decodes: test.tok.en,
+    the phrase table filtered to its first `sentences` (the name the benchmark looks for in its --work)
+    and the 5-gram LM filtered to the words those can produce or pass through (lossless for them,
+    common.filter_arpa): about 10 MB instead of 120."""
+    from bench_cslm_decode import filter_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(system / "test.tok.en", out / "test.tok.en")
+    test = (out / "test.tok.en").read_text(encoding="utf-8").splitlines()
+    table = out / f"phrase-table.first{sentences}.gz"
+    if not table.exists():
+        filter_table(system / "phrase-table.gz", test[:sentences], table)
+    decoded = test[:sentences] + test[-5:]  # and bench_cslm_decode.py's warm-up: the last 5
+    vocab = {w for line in decoded for w in line.split()}  # unknown words are passed through to the target
+    with gzip.open(table, "rt", encoding="utf-8") as f:
+        for line in f:
+            vocab.update(line.split(" ||| ", 2)[1].split())
+    if not (out / "lm.fr.5.arpa.gz").exists():
+        filter_arpa(system / "lm.fr.5.arpa.gz", out / "lm.fr.5.arpa.gz", vocab)
 
 
 def appended_column(path: str) -> list[float]:
@@ -385,6 +412,12 @@ class GpuCheck:
         """Every check in its order: name, the method that runs it, its targets."""
         return [
             ("matmul", self.matmul, []),
+            ("cslm_train", self.cslm_train, []),
+            ("cslm_server", self.cslm_server, [Target("server_1_client_vs_engine", ">=", 0.8),
+                                               Target("server_many_clients_vs_engine", ">=", 0.8)]),
+            ("cslm_server_sn", lambda c: self.cslm_server(c, self_normalized=True),
+             [Target("server_1_client_vs_engine", ">=", 0.8), Target("server_many_clients_vs_engine", ">=", 0.8)]),
+            ("cslm_decode", self.cslm_decode, [Target("best_ratio_to_baseline", "<=", 5.0 if self.dry_run else 3.0)]),
             ("train_paper", self.train_paper, [Target("fraction_of_bf16_matmul", ">=", 0.4, gpu_only=True)]),
             ("train_batch", self.train_batch, []),
             ("score_fp32", lambda c: self.score(c, "fp32"), [Target("pairs_per_s", ">=", 2e6, gpu_only=True)]),
@@ -396,12 +429,6 @@ class GpuCheck:
             ("train_sent", self.train_sent, []),
             ("translate", self.translate, []),
             ("rescore_nbest", self.rescore_nbest, []),
-            ("cslm_train", self.cslm_train, []),
-            ("cslm_server", self.cslm_server, [Target("server_1_client_vs_engine", ">=", 0.8),
-                                               Target("server_many_clients_vs_engine", ">=", 0.8)]),
-            ("cslm_server_sn", lambda c: self.cslm_server(c, self_normalized=True),
-             [Target("server_1_client_vs_engine", ">=", 0.8), Target("server_many_clients_vs_engine", ">=", 0.8)]),
-            ("cslm_decode", self.cslm_decode, [Target("best_ratio_to_baseline", "<=", 5.0 if self.dry_run else 3.0)]),
         ]
 
     def run(self, only: list[str] | None = None) -> dict:
@@ -624,8 +651,15 @@ class GpuCheck:
         if "cslm_model" not in self.state:
             raise Skip("no CSLM model (cslm_train failed)")
         report_path = os.path.join(self.work, "cslm_decode.json")
+        system = []
+        if self.data and (self.data / "decode").is_dir():  # --pack-data's system; else the shared one
+            work = os.path.join(self.work, "decode")
+            os.makedirs(work, exist_ok=True)
+            table = f"phrase-table.first{DECODE_SENTENCES}.gz"
+            shutil.copyfile(self.data / "decode" / table, os.path.join(work, table))
+            system = ["--system", str(self.data / "decode"), "--work", work]
         c.run([sys.executable, str(HERE / "bench_cslm_decode.py"), self.state["cslm_model"], "--moses", self.moses,
-               "--server-device", self.device, *self.sizes.decode_args, "--json", report_path])
+               "--server-device", self.device, *self.sizes.decode_args, *system, "--json", report_path])
         if not os.path.exists(report_path):
             raise CheckFailed("bench_cslm_decode.py wrote no report (Moses not found?)")
         with open(report_path, encoding="utf-8") as f:
@@ -635,7 +669,14 @@ class GpuCheck:
         if not rows:
             raise CheckFailed("no cube-pruning server row in bench_cslm_decode.py's report")
         best = min(rows, key=lambda k: rows[k]["ratio_to_baseline"])
-        return {"best_ratio_to_baseline": rows[best]["ratio_to_baseline"], "row": best}
+        figures = {"best_ratio_to_baseline": rows[best]["ratio_to_baseline"], "row": best}
+        for key, row in rep["rows"].items():  # every row's time, and what the CSLM rows asked for
+            name = key.replace("cslm_server_buffered_", "server_").replace("cslm_", "")
+            figures[f"{name}_s_per_sentence"] = row["seconds_per_sentence"]
+            for k in ("ratio_to_baseline", "requests_per_sentence", "evaluated_per_sentence"):
+                if k in row:
+                    figures[f"{name}_{k.replace('_per_sentence', '')}"] = row[k]
+        return figures
 
     # report -----------------------------------------------------------------------------------------
     def device_name(self) -> str:

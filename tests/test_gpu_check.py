@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-CHECKS = ["matmul", "train_paper", "train_batch", "score_fp32", "score_bf16", "score_sharded", "score_workers",
-          "train_sent", "translate", "rescore_nbest", "cslm_train", "cslm_server", "cslm_server_sn", "cslm_decode"]
+CHECKS = ["matmul", "cslm_train", "cslm_server", "cslm_server_sn", "cslm_decode", "train_paper", "train_batch",
+          "score_fp32", "score_bf16", "score_sharded", "score_workers", "train_sent", "translate", "rescore_nbest"]
 
 
 def _finite(v) -> bool:
@@ -147,3 +147,71 @@ def test_pack_data_holds_what_a_run_reads(tmp_path, monkeypatch):
     assert Path(run.dev_source(3)).read_text() == "dev.tok.en 0\ndev.tok.en 1\ndev.tok.en 2\n"
     with pytest.raises(SystemExit, match="lacks one of"):
         gpu_check.GpuCheck(tmp_path, dry_run=False, budget=60, moses=None, work=str(tmp_path), data=data / "none")
+
+
+ARPA = """
+\\data\\
+ngram 1=6
+ngram 2=6
+
+\\1-grams:
+-1.0\t<unk>\t0
+-99\t<s>\t-0.30
+-0.7\t</s>\t0
+-0.6\tle\t-0.20
+-0.9\tchat\t-0.25
+-1.2\tchien\t-0.10
+
+\\2-grams:
+-0.3\t<s> le
+-0.4\tle chat
+-0.5\tle chien
+-0.2\tchat </s>
+-0.3\tchien </s>
+-0.8\t<s> chien
+
+\\end\\
+"""
+
+
+def test_filter_arpa_keeps_every_ngram_of_the_vocabulary(tmp_path):
+    """common.filter_arpa: n-grams with a word outside the vocabulary go, the counts follow, and text over
+    the vocabulary scores the same under KenLM with the filtered file as with the whole one."""
+    from common import filter_arpa
+
+    src = tmp_path / "lm.arpa.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write(ARPA)
+    kept = filter_arpa(src, tmp_path / "small.arpa", {"le", "chat"})
+    assert kept == {1: 5, 2: 3}
+    text = (tmp_path / "small.arpa").read_text()
+    assert "ngram 1=5\nngram 2=3\n" in text and "chien" not in text and text.rstrip().endswith("\\end\\")
+    kenlm = pytest.importorskip("kenlm", reason="the lossless check needs the optional kenlm package")
+    (tmp_path / "lm.arpa").write_text(ARPA)
+    whole, small = kenlm.Model(str(tmp_path / "lm.arpa")), kenlm.Model(str(tmp_path / "small.arpa"))
+    for sentence in ("le chat", "chat le", "le le chat chat", "chat"):
+        assert small.score(sentence) == pytest.approx(whole.score(sentence), abs=1e-6), sentence
+    with pytest.raises(SystemExit, match="not an ARPA file"):
+        (tmp_path / "bad.arpa").write_text("just text\n")
+        filter_arpa(tmp_path / "bad.arpa", tmp_path / "out.arpa", {"le"})
+
+
+def test_pack_decode_cuts_the_system_to_the_quick_decode(tmp_path):
+    """pack_decode: the test set whole, the table filtered to its first sentences under the name
+    bench_cslm_decode.py looks for, the LM filtered to the words those phrases and the test set hold."""
+    system = tmp_path / "system"
+    system.mkdir()
+    (system / "test.tok.en").write_text("the cat\nthe dog\n")
+    with gzip.open(system / "phrase-table.gz", "wt", encoding="utf-8") as f:
+        f.write("the ||| le ||| 1 1 1 1 ||| 0-0 ||| 1 1 1\ncat ||| chat ||| 1 1 1 1 ||| 0-0 ||| 1 1 1\n"
+                "dog ||| chien ||| 1 1 1 1 ||| 0-0 ||| 1 1 1\n")
+    with gzip.open(system / "lm.fr.5.arpa.gz", "wt", encoding="utf-8") as f:
+        f.write(ARPA)
+    out = tmp_path / "decode"
+    gpu_check.pack_decode(system, out, sentences=1)
+    assert sorted(p.name for p in out.iterdir()) == ["lm.fr.5.arpa.gz", "phrase-table.first1.gz", "test.tok.en"]
+    with gzip.open(out / "phrase-table.first1.gz", "rt", encoding="utf-8") as f:
+        assert [line.split(" ||| ")[1] for line in f] == ["le", "chat"]
+    with gzip.open(out / "lm.fr.5.arpa.gz", "rt", encoding="utf-8") as f:
+        lm = f.read()
+    assert "ngram 1=5\n" in lm and "\tchien" not in lm and "\tle chat\n" in lm
