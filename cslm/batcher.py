@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .ngram_cache import NgramCache
 from .stats import Stats
 
 # Batches of at most this many n-grams are scored on the event loop's thread (about 0.1 ms on the CPU);
@@ -33,37 +33,26 @@ INLINE_ROWS = 64
 
 
 class CachedScorer:
-    """Engine.score_rows behind an n-gram cache (FIFO eviction, keyed by the padded n-gram); hits skip the
-    network's forward pass. Called by the batcher only, one call at a time."""
+    """Engine.score_rows behind an n-gram cache (cslm.ngram_cache: a set-associative table looked up and filled
+    a whole request at a time); hits skip the network's forward pass. Called by the batcher only, one call at
+    a time."""
 
     def __init__(self, engine, capacity: int, stats: Stats):
         self.engine, self.capacity, self.stats = engine, capacity, stats
-        self.cache: dict[bytes, tuple[float, int]] = {}
+        self.cache = NgramCache(capacity) if capacity else ()
 
     def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not self.capacity:
             return self.engine.score_rows(rows)
-        keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel().tolist()
-        get = self.cache.get
-        found = [get(k) for k in keys]
-        miss = [i for i, f in enumerate(found) if f is None]
-        self.stats.cache_hits += len(keys) - len(miss)
+        found, logp, flags, sets = self.cache.lookup(rows)
+        miss = np.flatnonzero(~found)
+        self.stats.cache_hits += len(rows) - len(miss)
         self.stats.cache_misses += len(miss)
-        logp = np.empty(len(rows), np.float32)
-        flags = np.empty(len(rows), np.uint8)
-        if len(miss) < len(keys):
-            hit = np.array([i for i, f in enumerate(found) if f is not None])
-            vals = np.array([found[i] for i in hit], dtype=np.float64)
-            logp[hit], flags[hit] = vals[:, 0], vals[:, 1]
-        if miss:
-            m = np.array(miss)
-            lp, fl = self.engine.score_rows(np.ascontiguousarray(rows[m]))
-            logp[m], flags[m] = lp, fl
-            self.cache.update(zip((keys[i] for i in miss), zip(lp.tolist(), fl.tolist())))
-            over = len(self.cache) - self.capacity
-            if over > 0:  # FIFO: dicts keep insertion order
-                for k in list(itertools.islice(self.cache, over)):
-                    del self.cache[k]
+        if len(miss):
+            missed = np.ascontiguousarray(rows[miss])
+            lp, fl = self.engine.score_rows(missed)
+            logp[miss], flags[miss] = lp, fl
+            self.cache.insert(missed, sets[miss], lp, fl)
         return logp, flags
 
 
