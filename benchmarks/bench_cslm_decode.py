@@ -252,6 +252,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5,
                     help="sentences decoded untimed before each server row (the GPU's first kernels)")
     ap.add_argument("--quick", action="store_true", help="50 sentences, 10 for the server rows")
+    ap.add_argument("--buffer", type=int, default=4096,
+                    help="the server, cube-pruning rows' buffer=: n-grams per request at most [%(default)s]")
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
     if args.system == SYSTEM:
@@ -326,7 +328,8 @@ def main() -> None:
             for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
                 with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,
                             scpus, shlex.split(args.server_args)) as server:
-                    line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 buffer=4096"
+                    line = (f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 "
+                            f"buffer={args.buffer}")
                     ini = work / f"cslm-server-{name}.ini"
                     moses_ini(ini, table, lm, f"{line} {asked}")
                     warm_up(moses, ini, warm, PIPELINE_FLAGS, t, dcpus)

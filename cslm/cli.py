@@ -339,8 +339,10 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
               help="Most n-grams scored in one engine call.")
 @click.option("--max-delay-us", type=click.IntRange(0, MAX_DELAY_US), default=200, show_default=True,
               help="Longest wait for other requests to join a batch (microseconds).")
-@click.option("--cache-size", type=click.IntRange(min=0), default=1_000_000, show_default=True,
-              help="N-gram cache entries (0: no cache).")
+@click.option("--cache-size", type=click.IntRange(min=0), default=0, show_default=True,
+              help="N-gram cache entries shared by every client (0: none). Off by default: Moses's CSLM feature "
+                   "caches per decoder thread, and in decoding the server's cache answered 1% of the n-grams "
+                   "and cost more than it saved; it pays for clients that repeat n-grams.")
 @click.option("--history-cache", type=click.IntRange(min=0), default=0, show_default=True,
               help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
                    "n-gram of a history met before costs one output row; pays for large models (memory: this x the "

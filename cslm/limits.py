@@ -21,7 +21,7 @@ class ServerConfig:
     port: int = 5555
     max_batch: int = 8192  # n-grams per engine call
     max_delay: float = 0.0002  # seconds a request may wait for others to fill a batch (at most MAX_DELAY_US)
-    cache_size: int = 1_000_000  # n-grams; 0 disables the cache
+    cache_size: int = 0  # n-grams in the server's cache (cslm.ngram_cache); 0: none (decoders cache their own)
     history_cache: int = 0  # rows of the history cache (self-normalised scores on a CPU); 0: none
     max_frame: int = P.DEFAULT_MAX_FRAME
     idle_timeout: float = 300.0

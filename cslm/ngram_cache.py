@@ -2,7 +2,7 @@
 a whole request at a time with array operations.
 
 A dictionary keyed by each n-gram's bytes costs about 1 us of Python per n-gram, and its FIFO eviction rescans
-the deleted front of the dictionary, so a full cache of a million n-grams cost 3 ms per request of 620
+the deleted front of the dictionary, so a full cache of a million n-grams cost 2.5 ms per request of 620
 (docs/cslm.md, "Server"): more than a GPU takes to compute them. Here the cache is a set-associative table: an
 n-gram's 64-bit hash picks one set of WAYS slots, the n-gram is found by its hash among the set's and confirmed
 by comparing its ids (so a hit is never a different n-gram), and a new one takes its set's next slot in turn

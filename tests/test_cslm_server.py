@@ -131,13 +131,17 @@ def test_server_answers_equal_the_engine(server, engine, n):  # noqa: F811
         assert np.array_equal(tlp, want[:200]) and np.array_equal(tfl, want_flags[:200])
 
 
-def test_cache_hits_return_the_same_numbers(server, engine):  # noqa: F811
+def test_cache_hits_return_the_same_numbers(engine):  # noqa: F811
     grams = random_ngrams(engine, 400, 7, seed=7)
-    with Client("127.0.0.1", server.port) as c:
-        before = c.stats()["cache"]["hits"]
-        first, _ = c.score(grams)
-        second, _ = c.score(grams)
-        stats = c.stats()
+    server = ServerThread(engine, cache_size=100_000)
+    try:
+        with Client("127.0.0.1", server.port) as c:
+            before = c.stats()["cache"]["hits"]
+            first, _ = c.score(grams)
+            second, _ = c.score(grams)
+            stats = c.stats()
+    finally:
+        server.stop()
     assert np.array_equal(first, second)
     assert stats["cache"]["hits"] - before >= 400
     assert stats["latency_ms"]["p50"] > 0 and stats["requests_by_type"]["score"] >= 2

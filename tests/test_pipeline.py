@@ -367,7 +367,7 @@ def test_dry_run_server_mode(tmp_path, shared_data):
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"),
               CSLM_MODE="server")
     assert r.returncode == 0, r.stderr
-    assert "with-cslm.sh" in r.stdout and "port=5107" in r.stdout and "buffer=4096" in r.stdout
+    assert "with-cslm.sh" in r.stdout and "port=5107" in r.stdout and "buffer=65536" in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), CSLM_MODE="gpu")
     assert r.returncode != 0 and "CSLM_MODE must be local or server" in r.stderr
 
