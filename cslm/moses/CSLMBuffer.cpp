@@ -10,10 +10,12 @@
 #include "CSLM.h"
 #include "cslm_ngrams.h"
 #include "moses/Bitmap.h"
+#include "moses/FF/DistortionScoreProducer.h"
 #include "moses/Hypothesis.h"
 #include "moses/HypothesisStack.h"
 #include "moses/Manager.h"
 #include "moses/SquareMatrix.h"
+#include "moses/StaticData.h"
 #include "moses/TranslationOptionCollection.h"
 #include "moses/TranslationOptionList.h"
 
@@ -81,6 +83,21 @@ Prediction& PredictionHere() {
   return prediction;
 }
 
+// The weighted distortion cost of translating `span` after `pred`, as the
+// distortion features will add it (DistortionScoreProducer::EvaluateWhenApplied):
+// the one boundary cost known before any scoring. All the options of a cube
+// cover one span, so within a cube it varies with the predecessor alone.
+float DistortionCost(const Hypothesis& pred, const Range& span) {
+  const std::vector<const DistortionScoreProducer*>& features =
+      DistortionScoreProducer::GetDistortionFeatureFunctions();
+  float cost = 0;
+  for (size_t i = 0; i < features.size(); ++i)
+    cost += StaticData::Instance().GetWeight(features[i]) *
+            DistortionScoreProducer::CalculateDistortionScore(pred, pred.GetCurrSourceWordsRange(), span,
+                                                              pred.GetWordsBitmap().GetFirstGapPos());
+  return cost;
+}
+
 // Queues what cube pruning will create in the next stack, run ahead on estimated
 // scores (cslm::cube_pops): the pending cubes of the lowest stack, predict x the
 // pop limit pops. Those cubes leave the pending list.
@@ -101,7 +118,11 @@ void QueuePredicted() {
   for (std::vector<PendingCube>::iterator c = mine; c != p.pending.end(); ++c) {
     cslm::CubeEstimate e = {at, c->predecessors->size(), at + c->predecessors->size(), c->options->size(),
                             c->estimate};
-    for (size_t x = 0; x < e.nx; ++x) at[x] = (*c->predecessors)[x]->GetScore();
+    const Range& span = c->options->Get(0)->GetSourceWordsRange();
+    for (size_t x = 0; x < e.nx; ++x) {
+      const Hypothesis& pred = *(*c->predecessors)[x];
+      at[x] = pred.GetScore() + DistortionCost(pred, span);
+    }
     for (size_t y = 0; y < e.ny; ++y) at[e.nx + y] = c->options->Get(y)->GetFutureScore();
     at += e.nx + e.ny;
     p.cubes.push_back(e);

@@ -100,9 +100,10 @@ inline void cube_corner(size_t x, size_t y, size_t nx, size_t ny, size_t corner,
 
 // Cube pruning run ahead on estimated scores (CSLMBuffer.h, predict=). One
 // CubeEstimate per cube (BackwardsEdge) of the stack about to be searched:
-// `rows` the predecessors' scores and `cols` the options' future scores, each
-// sorted best first as the cube sorts them, and `offset` the future-cost
-// estimate of the cube's coverage. Cube pruning creates every cube's (0, 0),
+// `rows` the predecessors' scores (plus, from CSLMBuffer, the distortion cost
+// of the cube's span after each) and `cols` the options' future scores, each
+// in the order the cube sorts them, and `offset` the future-cost estimate of
+// the cube's coverage. Cube pruning creates every cube's (0, 0),
 // then pops the best created cell of the stack `pops` times (its pop limit),
 // and each pop creates the popped cell's successors (x+1, y) and (x, y+1) once.
 // This does the same with rows[x] + cols[y] + offset for a cell's score: the
