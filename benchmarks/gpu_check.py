@@ -690,7 +690,15 @@ class GpuCheck:
             model = ""
         return f"CPU: {model or platform.processor() or 'unknown'} ({os.cpu_count()} cores)"
 
+    def shown(self, command: str) -> str:
+        """A recorded command as the report shows it: no machine's paths (the work folder as WORK, the
+        checkout's files relative to it, the interpreter as python3, the tools beside it by name)."""
+        return (command.replace(sys.executable, "python3").replace(str(Path(sys.executable).parent) + os.sep, "")
+                .replace(self.work, "WORK").replace(str(ROOT) + os.sep, ""))
+
     def report(self) -> dict:
+        for r in self.results:
+            r.commands = [self.shown(c) for c in r.commands]
         return {
             "device": self.device_name(),
             "device_type": self.device,

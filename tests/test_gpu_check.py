@@ -215,3 +215,13 @@ def test_pack_decode_cuts_the_system_to_the_quick_decode(tmp_path):
     with gzip.open(out / "lm.fr.5.arpa.gz", "rt", encoding="utf-8") as f:
         lm = f.read()
     assert "ngram 1=5\n" in lm and "\tchien" not in lm and "\tle chat\n" in lm
+
+
+def test_reported_commands_name_no_machine_paths(tmp_path):
+    """The report shows each command without this machine's paths: WORK for the work folder, the checkout's
+    files relative to it, python3 for the interpreter and the tools beside it by name."""
+    run = gpu_check.GpuCheck(tmp_path, dry_run=True, budget=60, moses=None, work=str(tmp_path / "w"))
+    beside = str(Path(sys.executable).parent / "torchrun")
+    cmd = f"{sys.executable} {ROOT / 'benchmarks' / 'bench_cslm_decode.py'} {tmp_path / 'w'}/cslm-model"
+    assert run.shown(cmd) == "python3 benchmarks/bench_cslm_decode.py WORK/cslm-model"
+    assert run.shown(f"{beside} --standalone") == "torchrun --standalone"
