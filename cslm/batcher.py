@@ -38,13 +38,17 @@ class CachedScorer:
     a time."""
 
     def __init__(self, engine, capacity: int, stats: Stats):
-        self.engine, self.capacity, self.stats = engine, capacity, stats
-        self.cache = NgramCache(capacity) if capacity else ()
+        self.engine, self.stats = engine, stats
+        self.cache = NgramCache(capacity) if capacity else None
+
+    def __len__(self) -> int:
+        """N-grams the cache holds."""
+        return len(self.cache) if self.cache is not None else 0
 
     def __call__(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not self.capacity:
+        if self.cache is None:
             return self.engine.score_rows(rows)
-        found, logp, flags, sets = self.cache.lookup(rows)
+        found, logp, flags, hashes = self.cache.lookup(rows)
         miss = np.flatnonzero(~found)
         self.stats.cache_hits += len(rows) - len(miss)
         self.stats.cache_misses += len(miss)
@@ -52,7 +56,7 @@ class CachedScorer:
             missed = np.ascontiguousarray(rows[miss])
             lp, fl = self.engine.score_rows(missed)
             logp[miss], flags[miss] = lp, fl
-            self.cache.insert(missed, sets[miss], lp, fl)
+            self.cache.insert(missed, hashes[miss], lp, fl)
         return logp, flags
 
 

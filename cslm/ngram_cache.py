@@ -33,7 +33,7 @@ class NgramCache:
         self.logp = np.zeros(self.slots, np.float32)
         self.flags = np.zeros(self.slots, np.uint8)
         self.hashes = np.zeros(self.slots, np.uint64)  # 0: an empty slot
-        self.next = np.zeros(self.sets, np.int64)  # the slot each set fills next
+        self.next = np.zeros(self.sets, np.int64)  # the way each set fills next
         self.mult: np.ndarray | None = None
 
     @property
@@ -49,7 +49,7 @@ class NgramCache:
         if self.keys is None:
             self.width = rows.shape[1]
             self.keys = np.zeros((self.slots, self.width), np.int32)
-            # odd 64-bit multipliers, one per position: h = sum_i id_i * m_i (mod 2^64), then one more mixing step
+            # odd 64-bit multipliers, one per position: h = (sum_i id_i * m_i) * golden (mod 2^64)
             self.mult = np.random.default_rng(0x5EED).integers(1, 2**63, self.width, dtype=np.uint64) | np.uint64(1)
         elif rows.shape[1] != self.width:
             raise ValueError(f"n-grams of width {rows.shape[1]} in a cache of width {self.width}")

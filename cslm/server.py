@@ -424,7 +424,7 @@ class Server:
             pass
 
     def stats_dict(self) -> dict:
-        d = self.stats.to_dict(len(self.scorer.cache), self.cfg.cache_size, self.cfg.max_connections,
+        d = self.stats.to_dict(len(self.scorer), self.cfg.cache_size, self.cfg.max_connections,
                                {"now": self.budget.used, "peak": self.budget.peak, "max": self.budget.cap})
         d["config"] = asdict(self.cfg)
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
