@@ -126,12 +126,14 @@ def test_architectures_build_only_on_the_base_module():
 
 
 def test_the_servers_rooms_build_on_each_other_one_way():
-    """cslm.server wires the rooms; the limits, the statistics and the batcher import neither it, nor the
-    engine (and so not torch), nor each other beyond the statistics the batcher counts into."""
+    """cslm.server wires the rooms; the limits, the statistics, the n-gram cache and the batcher import neither
+    it, nor the engine (and so not torch), nor each other beyond the statistics the batcher counts into and
+    the cache it keeps."""
     g = import_graph()
     assert g["cslm.limits"] <= {"cslm.protocol", "mtcommon.errors"}
     assert g["cslm.stats"] <= {"cslm.protocol"}
-    assert g["cslm.batcher"] <= {"cslm.stats"}
+    assert g["cslm.ngram_cache"] == set()
+    assert g["cslm.batcher"] <= {"cslm.stats", "cslm.ngram_cache"}
     assert {"cslm.limits", "cslm.stats", "cslm.batcher"} <= g["cslm.server"]
 
 
