@@ -67,6 +67,7 @@ from common import SHARED, emit, require_shared  # noqa: E402
 SYSTEM = SHARED / "en-fr-moses"
 PIPELINE_FLAGS = ["-search-algorithm", "1", "-cube-pruning-pop-limit", "1000"]
 NORMAL_FLAGS = ["-search-algorithm", "0", "-stack", "100"]
+WARMUP = 5  # sentences from the end of the test set decoded untimed before each server row (--warmup)
 
 
 def filter_table(table: Path, sentences: list[str], out: Path, max_len: int = 7) -> int:
@@ -249,7 +250,7 @@ def main() -> None:
     ap.add_argument("--decoder-cpus", type=parse_cpus,
                     help="keep Moses on these CPUs (\"0,1\" or \"0-3\"), baseline rows included")
     ap.add_argument("--server-cpus", type=parse_cpus, help="keep `cslm serve` on these CPUs")
-    ap.add_argument("--warmup", type=int, default=5,
+    ap.add_argument("--warmup", type=int, default=WARMUP,
                     help="sentences decoded untimed before each server row (the GPU's first kernels)")
     ap.add_argument("--quick", action="store_true", help="50 sentences, 10 for the server rows")
     ap.add_argument("--buffer", type=int, default=4096,

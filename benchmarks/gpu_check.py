@@ -305,7 +305,7 @@ def pack_decode(system: Path, out: Path, sentences: int = DECODE_SENTENCES) -> N
     the phrase table filtered to its first `sentences` (the name the benchmark looks for in its --work)
     and the 5-gram LM filtered to the words those can produce or pass through (lossless for them,
     common.filter_arpa): about 10 MB instead of 120."""
-    from bench_cslm_decode import filter_table
+    from bench_cslm_decode import WARMUP, filter_table
 
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(system / "test.tok.en", out / "test.tok.en")
@@ -313,7 +313,7 @@ def pack_decode(system: Path, out: Path, sentences: int = DECODE_SENTENCES) -> N
     table = out / f"phrase-table.first{sentences}.gz"
     if not table.exists():
         filter_table(system / "phrase-table.gz", test[:sentences], table)
-    decoded = test[:sentences] + test[-5:]  # and bench_cslm_decode.py's warm-up: the last 5
+    decoded = test[:sentences] + test[-WARMUP:]  # and bench_cslm_decode.py's warm-up sentences
     vocab = {w for line in decoded for w in line.split()}  # unknown words are passed through to the target
     with gzip.open(table, "rt", encoding="utf-8") as f:
         for line in f:
@@ -697,8 +697,6 @@ class GpuCheck:
                 .replace(self.work, "WORK").replace(str(ROOT) + os.sep, ""))
 
     def report(self) -> dict:
-        for r in self.results:
-            r.commands = [self.shown(c) for c in r.commands]
         return {
             "device": self.device_name(),
             "device_type": self.device,
@@ -708,7 +706,7 @@ class GpuCheck:
             "data": str(self.data) if self.data else "the shipped example table (no --data)",
             "budget_seconds": round(self.end - self.start),
             "total_seconds": round(time.monotonic() - self.start, 1),
-            "checks": [asdict(r) for r in self.results],
+            "checks": [{**asdict(r), "commands": [self.shown(c) for c in r.commands]} for r in self.results],
         }
 
 
@@ -740,7 +738,7 @@ def main(argv=None) -> int:
                     help="phrase-table.gz, train.tok.en/fr and dev.tok.en (shared en-fr-moses or --pack-data's) "
                          "[../shared/data/en-fr-moses; without it the dry run uses the shipped example table]")
     ap.add_argument("--pack-data", type=Path, metavar="DIR",
-                    help="write the part of --data a GPU run reads into DIR (about 35 MB) and stop")
+                    help="write the part of --data a GPU run reads into DIR (about 50 MB) and stop")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole run [%(default)s]")
     ap.add_argument("--moses", default=os.environ.get("MOSES"),
                     help="a mosesdecoder with the CSLM feature, for the decode ratio [$MOSES]")
