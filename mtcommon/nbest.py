@@ -121,24 +121,56 @@ def write(out: BinaryIO, hypotheses: Sequence[Hypothesis], name: str, values: Se
     out.write("".join(h.with_feature(name, v) for h, v in zip(hypotheses, values, strict=True)).encode("utf-8"))
 
 
-def top(path: str, output: str, n: int) -> tuple[int, int]:
-    """The first `n` hypotheses of each sentence of the list `path` into `output` (atomically; gzip if it
-    ends in .gz), every kept line byte for byte: a Moses list holds each sentence's hypotheses best first,
-    so this is its n-best list. Returns (lines read, lines kept)."""
+def top(paths: Sequence[str], output: str, n: int) -> tuple[int, int]:
+    """Each sentence's first `n` hypotheses of each list in `paths`, the lists' lines merged per sentence in
+    the order the lists are given, into `output` (atomically; gzip if it ends in .gz), every kept line byte
+    for byte. A Moses list holds each sentence's hypotheses best first, so one list gives its n-best list;
+    several (a tuning's lists of every iteration, as mert-moses.pl accumulates them) give their union: a
+    line whose hypothesis and feature scores repeat one already kept for the sentence is dropped, the
+    total and any later field not compared (they depend on the weights, not on the hypothesis). Each list
+    must hold its sentences in ascending order, as Moses writes them. Returns (lines read, lines kept)."""
+    import heapq
+
     from .outputs import atomic_output
 
     if n < 1:
         raise UserError(f"need n >= 1 hypotheses per sentence, got {n}")
-    read = kept = 0
-    current, count = None, 0
-    with atomic_output(output) as out:
+    counts = [0, 0]
+
+    def sentences(order: int, path: str) -> Iterator[tuple[int, int, list[tuple[tuple, str]]]]:
+        """(sentence id, list's position, its first n (key, line)) of one list, checking the ascending order;
+        a line's key is its hypothesis and its scores as numbers."""
+        group: list[tuple[tuple, str]] = []
+        current = None
         for lineno, line in iter_lines(path):
             h = parse(line, path, lineno)
-            read += 1
-            if h.fields[0] != current:
-                current, count = h.fields[0], 0
-            count += 1
-            if count <= n:
-                out.write((line + "\n").encode("utf-8"))
-                kept += 1
-    return read, kept
+            counts[0] += 1
+            if h.sentence != current:
+                if current is not None and h.sentence < current:
+                    raise InputError(path, lineno, f"sentence {h.sentence} after sentence {current}: "
+                                                   "not a list in Moses's order")
+                if group:
+                    yield current, order, group
+                current, group = h.sentence, []
+            if len(group) < n:
+                try:
+                    key = (h.text.strip(), tuple(h.features()))
+                except ValueError as e:
+                    raise InputError(path, lineno, str(e)) from None
+                group.append((key, line))
+        if group:
+            yield current, order, group
+
+    streams = [sentences(i, p) for i, p in enumerate(paths)]
+    with atomic_output(output) as out:
+        seen: set[tuple] = set()
+        current = None
+        for sentence, _, group in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
+            if sentence != current:
+                current, seen = sentence, set()
+            for key, line in group:
+                if key not in seen:
+                    seen.add(key)
+                    out.write((line + "\n").encode("utf-8"))
+                    counts[1] += 1
+    return counts[0], counts[1]

@@ -10,7 +10,7 @@
     python mt.py positive MOSES.ini FEATURE...                # mert's -P list: every score of each FEATURE
     python mt.py pro-features FEATURES.dat NAMES              # PRO's names (F<j>) of those scores
     python mt.py best-iteration MERT.log                      # the iteration --return-best-dev kept
-    python mt.py nbest-top NBEST N -o OUT                     # each sentence's first N hypotheses
+    python mt.py nbest-top NBEST... N -o OUT                  # each sentence's first N of each list, merged
     python mt.py rerank-tune NBEST --ref REF --ini INI --moses DIR -o WEIGHTS  # reranking weights
     python mt.py rerank NBEST WEIGHTS --source SRC -o OUT     # each sentence's best under them
     python mt.py json-field FILE KEY                          # one field of a step's JSON result
@@ -50,7 +50,9 @@ def _nbest_top(a) -> None:
     from mtcommon.nbest import top
 
     read, kept = top(a.nbest, a.output, a.n)
-    print(f"{a.nbest}: kept {kept:,} of {read:,} hypotheses ({a.n} a sentence at most)", file=sys.stderr)
+    lists = a.nbest[0] if len(a.nbest) == 1 else f"{len(a.nbest)} lists"
+    print(f"{lists}: kept {kept:,} of {read:,} hypotheses ({a.n} a sentence from each at most, repeats dropped)",
+          file=sys.stderr)
 
 
 def _best_iteration(a) -> None:
@@ -188,8 +190,9 @@ def main(argv=None) -> None:
     a = sub.add_parser("best-iteration")
     a.add_argument("log", help="mert-moses.pl's log (stdout)")
     a.set_defaults(fn=_best_iteration)
-    a = sub.add_parser("nbest-top", help="the first N hypotheses of each sentence of an n-best list")
-    a.add_argument("nbest")
+    a = sub.add_parser("nbest-top", help="the first N hypotheses of each sentence of each n-best list, merged "
+                                         "per sentence, repeated hypotheses dropped")
+    a.add_argument("nbest", nargs="+")
     a.add_argument("n", type=int)
     a.add_argument("-o", "--output", required=True)
     a.set_defaults(fn=_nbest_top)

@@ -1,8 +1,8 @@
 """Reranking n-best lists: the weights of a rescored list's features, tuned on dev; the best
 hypothesis of each sentence under them.
 
-`tune` runs Moses's own optimiser on one rescored dev n-best list (the list a tuning
-decoded with the weights it kept, plus the network's feature from
+`tune` runs Moses's own optimiser on one rescored dev n-best list (the lists a tuning
+decoded, merged by `mt.py nbest-top`, plus the network's feature from
 `moses-rnn rescore-nbest`): `extractor` turns the list into feature and BLEU-statistics
 files, `mert` (Och 2003; the pipeline's tuner) searches the weights from the tuned ones
 with the new feature at 0, `-r SEED` and 20 random restarts. `rerank` picks each

@@ -77,7 +77,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     assert plan.count("/mert --nbest 300 --threads 2 ") == 24  # 300-best lists; the optimiser on THREADS threads
     assert "--batch-mira" not in plan and "--mertmertargs" not in plan and plan.count("pro-features run1.features.dat") == 24
     # dev: the tuning's own decoding of the weights it kept
-    assert plan.count("mt.py best-iteration") == 24 + 6  # and each reranked tuning's dev list
+    assert plan.count("mt.py best-iteration") == 24  # each tuning's dev result (a reranked one merges every list)
     # the whole table scored (SCORE_SCOPE=all, the default)
     assert f"moses-rnn score $(" in plan and f"table-path {tmp_path}/w/model/moses.ini)" in plan
     assert "model-devtest" not in plan
@@ -177,7 +177,8 @@ def test_dry_run_reranked_systems(tmp_path):
     # RERANK_NBEST (100): the test set's 100-best lists, and the first 100 of each dev sentence's 300
     assert (f"/opt/mosesdecoder/bin/moses -f {base}/test.ini -threads 2 -search-algorithm 1 -cube-pruning-pop-limit "
             f"1000 -n-best-list {run}/test.nbest.tmp 100 distinct < {w}/data/test.en") in plan
-    assert f"mt.py nbest-top {base}/mert/run$best.best300.out.gz 100 -o {run}/dev.nbest.gz" in plan
+    # RERANK_DEV (all): the lists of every iteration of the tuning, merged
+    assert f"mt.py nbest-top {base}/mert/run*.best300.out.gz 100 -o {run}/dev.nbest.gz" in plan
     assert (f"moses-rnn rescore-nbest {run}/dev.nbest.gz -m {w}/sent/model --source "
             f"{w}/data/dev.en -o {run}/dev.nbest.rnn.gz") in plan
     assert f"rescore-nbest {run}/test.nbest.gz -m {w}/sent/model --source {w}/data/test.en" in plan
@@ -189,6 +190,12 @@ def test_dry_run_reranked_systems(tmp_path):
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_NBEST=300", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert f"{run}/test.nbest.tmp 300 distinct" in r.stdout and "best300.out.gz 300 -o" in r.stdout
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_DEV=kept", MOSES="/opt/mosesdecoder",
+              WORK=str(w), DATA=str(tmp_path / "no-data"))  # the one list the kept weights decoded
+    assert f"mt.py nbest-top {base}/mert/run$best.best300.out.gz 100 -o {run}/dev.nbest.gz" in r.stdout
+    assert f"mt.py best-iteration {base}/mert.log" in r.stdout
+    r = _make("-n", "BUDGET=1", "RERANK_DEV=some", MOSES="/opt/mosesdecoder", WORK=str(w), DATA=str(tmp_path / "no-data"))
+    assert r.returncode != 0 and "RERANK_DEV must be all or kept, not some" in r.stderr
     for bad in ("301", "0", "many"):
         r = _make("-n", "BUDGET=1", f"RERANK_NBEST={bad}", MOSES="/opt/mosesdecoder", WORK=str(w),
                   DATA=str(tmp_path / "no-data"))
@@ -287,6 +294,23 @@ def test_nbest_top_keeps_each_sentences_first_lines(tmp_path):
     with pytest.raises(SystemExit, match="n.txt:2"):
         mt.main(["nbest-top", str(src), "2", "-o", str(tmp_path / "x.txt")])
     assert not (tmp_path / "x.txt").exists()
+    src.write_text(lines[4] + lines[0])  # sentence 1 before sentence 0: not Moses's order
+    with pytest.raises(SystemExit, match="n.txt:2: sentence 0 after sentence 1"):
+        mt.main(["nbest-top", str(src), "2", "-o", str(tmp_path / "x.txt")])
+
+
+def test_nbest_top_merges_lists_per_sentence_without_repeats(tmp_path):
+    """mt.py nbest-top with several lists (a tuning's iterations): per sentence, the first N lines of each
+    list in the order given; a line whose hypothesis and scores repeat a kept one is dropped (its total and
+    later fields not compared); a sentence that one list lacks comes from the others."""
+    a, b = tmp_path / "run1.txt", tmp_path / "run2.txt"
+    a.write_text("0 ||| x ||| LM0= -1 ||| -1\n0 ||| y ||| LM0= -2 ||| -2\n2 ||| z ||| LM0= -3 ||| -3\n")
+    b.write_text("0 ||| y ||| LM0= -2.0 ||| -9 ||| 0-0\n0 ||| y ||| LM0= -2.5 ||| -2\n0 ||| w ||| LM0= -4 ||| -4\n"
+                 "1 ||| v ||| LM0= -5 ||| -5\n")
+    mt.main(["nbest-top", str(a), str(b), "2", "-o", str(tmp_path / "m.txt")])
+    assert (tmp_path / "m.txt").read_text() == ("0 ||| x ||| LM0= -1 ||| -1\n0 ||| y ||| LM0= -2 ||| -2\n"
+                                                "0 ||| y ||| LM0= -2.5 ||| -2\n1 ||| v ||| LM0= -5 ||| -5\n"
+                                                "2 ||| z ||| LM0= -3 ||| -3\n")
 
 
 def test_json_field_prints_one_field_or_names_the_file(tmp_path, capsys):
