@@ -135,16 +135,17 @@ def top(paths: Sequence[str], output: str, n: int) -> tuple[int, int]:
 
     if n < 1:
         raise UserError(f"need n >= 1 hypotheses per sentence, got {n}")
-    counts = [0, 0]
+    read = kept = 0
 
     def sentences(order: int, path: str) -> Iterator[tuple[int, int, list[tuple[tuple, str]]]]:
         """(sentence id, list's position, its first n (key, line)) of one list, checking the ascending order;
         a line's key is its hypothesis and its scores as numbers."""
+        nonlocal read
         group: list[tuple[tuple, str]] = []
         current = None
         for lineno, line in iter_lines(path):
             h = parse(line, path, lineno)
-            counts[0] += 1
+            read += 1
             if h.sentence != current:
                 if current is not None and h.sentence < current:
                     raise InputError(path, lineno, f"sentence {h.sentence} after sentence {current}: "
@@ -172,5 +173,5 @@ def top(paths: Sequence[str], output: str, n: int) -> tuple[int, int]:
                 if key not in seen:
                     seen.add(key)
                     out.write((line + "\n").encode("utf-8"))
-                    counts[1] += 1
-    return counts[0], counts[1]
+                    kept += 1
+    return read, kept
