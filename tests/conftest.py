@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 EXAMPLE_TABLE = ROOT / "moses_rnn" / "data" / "example.en-fr.phrase-table"
+CPP = ROOT / "cslm" / "cpp"
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +51,27 @@ def tiny_model(tmp_path_factory) -> Path:
     cfg = TrainConfig(preset="tiny", max_steps=60, eval_every=30, valid_pairs=20, device="cpu")
     train(str(EXAMPLE_TABLE), str(model_dir), cfg, progress=False)
     return model_dir
+
+
+def compile_cpp(tmp_path_factory, name: str, sources: list[str]) -> Path:
+    """cslm/cpp/`sources` compiled (-O2, every warning an error) into the program `name`, once per test run."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    exe = tmp_path_factory.mktemp(name) / name
+    subprocess.run([cxx, "-std=c++11", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
+                    *(str(CPP / s) for s in sources)], check=True, timeout=300)
+    return exe
+
+
+@pytest.fixture(scope="session")
+def local_exe(tmp_path_factory) -> Path:
+    """The in-process C++ evaluator's test driver (cslm_local_test.cc)."""
+    return compile_cpp(tmp_path_factory, "cslm_local_test", ["cslm_local.cc", "cslm_json.cc", "cslm_local_test.cc"])
+
+
+@pytest.fixture(scope="session")
+def backend_exe(tmp_path_factory) -> Path:
+    """The Moses feature's backends' test driver (cslm_backend_test.cc): local and server."""
+    return compile_cpp(tmp_path_factory, "cslm_backend_test", ["cslm_backend.cc", "cslm_local.cc", "cslm_client.cc",
+                                                               "cslm_json.cc", "cslm_backend_test.cc"])

@@ -8,24 +8,11 @@ import shutil
 import subprocess
 
 import numpy as np
-import pytest
 
 from cslm.engine import Engine
 
-from test_cslm_local import CPP, local_exe, model_dir, ngrams_of, run_local  # noqa: F401 (fixtures)
+from test_cslm_local import model_dir, ngrams_of, run_local  # noqa: F401 (a fixture)
 from test_cslm_server import start_server_process
-
-
-@pytest.fixture(scope="module")
-def backend_exe(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    exe = tmp_path_factory.mktemp("cslm-backend") / "cslm_backend_test"
-    sources = ["cslm_backend.cc", "cslm_local.cc", "cslm_client.cc", "cslm_json.cc", "cslm_backend_test.cc"]
-    subprocess.run([cxx, "-std=c++11", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
-                    *(str(CPP / s) for s in sources)], check=True, timeout=300)
-    return exe
 
 
 def run_backend(exe, grams, *args) -> tuple[np.ndarray, np.ndarray, str]:

@@ -18,18 +18,6 @@ from cslm.train import TrainConfig, train
 
 from test_cslm import synthetic_corpus
 
-CPP = Path(__file__).resolve().parent.parent / "cslm" / "cpp"
-
-
-@pytest.fixture(scope="module")
-def local_exe(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler")
-    exe = tmp_path_factory.mktemp("cslm-local") / "cslm_local_test"
-    subprocess.run([cxx, "-std=c++11", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(exe),
-                    str(CPP / "cslm_local.cc"), str(CPP / "cslm_json.cc"), str(CPP / "cslm_local_test.cc")], check=True, timeout=180)
-    return exe
 
 
 @pytest.fixture(scope="module")

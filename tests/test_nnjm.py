@@ -24,8 +24,6 @@ from mtcommon.errors import UserError
 from mtcommon.textio import InputError
 from mtcommon.vocab import BOS, EOS, UNK, Vocabulary
 
-from test_cslm_backend import backend_exe  # noqa: F401 (the compiled C++ backend driver, a fixture)
-from test_cslm_local import local_exe  # noqa: F401 (the compiled C++ evaluator, a fixture)
 
 MOSES_FF = Path(__file__).resolve().parents[1] / "cslm" / "moses"
 
@@ -369,7 +367,7 @@ def _joint_rows(corpus, loaded):
     return rows, lines
 
 
-def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, corpus, joint_model):  # noqa: F811
+def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, corpus, joint_model):
     """h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q]): exact and self-normalised scores as the engine's."""
     out, _ = joint_model
     loaded = modeldir.load(str(out))
@@ -385,7 +383,7 @@ def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, co
         assert np.max(np.abs(got[:, column] - want)) < 1e-4
 
 
-def test_the_cpp_evaluator_wants_whole_joint_rows(local_exe, joint_model):  # noqa: F811
+def test_the_cpp_evaluator_wants_whole_joint_rows(local_exe, joint_model):
     out, _ = joint_model
     r = subprocess.run([str(local_exe), str(out)], input="t1 t2\n", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and not r.stdout
@@ -393,7 +391,7 @@ def test_the_cpp_evaluator_wants_whole_joint_rows(local_exe, joint_model):  # no
 
 
 @pytest.mark.parametrize("damage", ["no-src-embed", "src-vocab-size", "no-src-vocab"])
-def test_a_damaged_joint_model_is_one_line_naming_the_file(local_exe, joint_model, tmp_path, damage):  # noqa: F811
+def test_a_damaged_joint_model_is_one_line_naming_the_file(local_exe, joint_model, tmp_path, damage):
     from safetensors.torch import save_file
 
     out, _ = joint_model
@@ -415,7 +413,7 @@ def test_a_damaged_joint_model_is_one_line_naming_the_file(local_exe, joint_mode
     assert r.returncode == 1 and not r.stdout and r.stderr.count("\n") == 1 and r.stderr.startswith(expect), r.stderr
 
 
-def test_the_moses_backend_scores_a_joint_models_rows_as_the_engine(backend_exe, corpus, joint_model):  # noqa: F811
+def test_the_moses_backend_scores_a_joint_models_rows_as_the_engine(backend_exe, corpus, joint_model):
     """The NNJM feature's backend (cslm::LocalBackend): whole rows in, the engine's scores out, the unknown
     flag from the predicted word (each row's last id, not its order-th)."""
     out, _ = joint_model
