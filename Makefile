@@ -33,8 +33,10 @@ demo: install
 	@echo "The commands are in $(BIN). Put them on your PATH:"
 	@echo '  . $(BIN)/activate    # or: export PATH="$$PWD/$(BIN):$$PATH"'
 
+# one pytest worker per core (pytest-xdist), each test file on one worker; TEST_JOBS=0: one process
+TEST_JOBS ?= auto
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 # every benchmarks/bench_*.py, one summary table; BENCH_ARGS=--quick for small sizes
 bench: install
