@@ -54,7 +54,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def compile_cpp(tmp_path_factory, name: str, sources: list[str]) -> Path:
-    """cslm/cpp/`sources` compiled (-O2, every warning an error) into the program `name`, once per test run."""
+    """cslm/cpp/`sources` compiled (-O2, every warning an error) into the program `name`, once per test process."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler")
