@@ -24,8 +24,8 @@ add the feature (weight 0.1, untuned: this measures speed, not BLEU):
     popped expansion's successors miss, that cube's reach grown (by A, or 4),
     in one request (on --slow-sentences sentences).
 
-Each row gives the decoding time without loading (wall time minus that of an
-empty input with the same moses.ini), its ratio to its baseline, and the
+Each row gives the decoding time without loading (by Moses's own clock, from
+the end of loading to its exit), its ratio to its baseline, and the
 requests, evaluated n-grams and cache hits per sentence (the feature's stats=1
 lines). Server rows use --slow-sentences sentences when that is fewer (the
 per-hypothesis mode can be thousands of times slower), and their ratios are
@@ -142,15 +142,33 @@ def parse_cpus(text: str | None) -> set[int] | None:
     return cpus
 
 
+# Moses's own clock on stderr: when loading is over ("Created input-output object : [3.121] seconds") and when
+# the process ends ("... real:3.203"), both in seconds since it started
+LOADED = re.compile(r"^Created input-output object : \[([0-9.]+)\] seconds", re.M)
+ENDED = re.compile(r"\breal:([0-9.]+)\s*$", re.M)
+
+
 def decode(moses: Path, ini: Path, text: str, flags: list[str], threads: int,
-           cpus: set[int] | None = None) -> tuple[float, str]:
-    t = time.perf_counter()
+           cpus: set[int] | None = None) -> tuple[float, float, str]:
+    """-> (seconds loading, seconds decoding, stderr), both by Moses's own clock: the decoding time is from the
+    end of loading to the end of the process, so it needs no separate run to subtract the loading from."""
     r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", str(threads), *flags],
                        input=text, capture_output=True, text=True, preexec_fn=pinned(cpus))
-    wall = time.perf_counter() - t
     if r.returncode != 0:
         raise SystemExit(f"moses failed on {ini}:\n{r.stderr[-3000:]}")
-    return wall, r.stderr
+    times = moses_times(r.stderr)
+    if times is None:
+        raise SystemExit(f"moses on {ini} printed no load or end time (\"Created input-output object\", \"real:\")")
+    return times[0], times[1], r.stderr
+
+
+def moses_times(log: str) -> tuple[float, float] | None:
+    """(seconds loading, seconds after loading) from Moses's stderr, or None if it lacks either time."""
+    loaded, ended = LOADED.search(log), ENDED.findall(log)
+    if loaded is None or not ended:
+        return None
+    load = float(loaded.group(1))
+    return load, float(ended[-1]) - load
 
 
 def free_port() -> int:
@@ -201,12 +219,12 @@ def warm_up(moses: Path, ini: Path, lines: list[str], flags: list[str], threads:
 
 def run_row(name, moses, ini, lines, flags, threads, baseline=None, repeats=1, cpus=None):
     text = "\n".join(lines) + "\n"
-    load, _ = decode(moses, ini, "", flags, threads, cpus)
-    walls, log = [], ""
+    loads, times, log = [], [], ""
     for _ in range(repeats):
-        wall, log = decode(moses, ini, text, flags, threads, cpus)
-        walls.append(wall)
-    seconds = max(statistics.median(walls) - load, 1e-9)
+        load, seconds, log = decode(moses, ini, text, flags, threads, cpus)
+        loads.append(load)
+        times.append(seconds)
+    load, seconds = statistics.median(loads), max(statistics.median(times), 1e-9)
     row = {"sentences": len(lines), "threads": threads, "load_seconds": round(load, 2), "decode_seconds": round(seconds, 2),
            "seconds_per_sentence": round(seconds / len(lines), 4)}
     stats = [tuple(map(int, m.groups())) for m in STATS.finditer(log)]
@@ -217,6 +235,9 @@ def run_row(name, moses, ini, lines, flags, threads, baseline=None, repeats=1, c
         if hidden:
             row["hidden_layers_per_sentence"] = round(hidden / len(stats), 1)
     if baseline is not None:
+        if baseline["seconds_per_sentence"] <= 0:
+            raise SystemExit(f"bench_cslm_decode: the baseline for {name!r} took no measurable time; "
+                             f"time more sentences (--sentences, --slow-sentences)")
         row["ratio_to_baseline"] = round(row["seconds_per_sentence"] / baseline["seconds_per_sentence"], 2)
     print(f"{name}: {json.dumps(row)}", file=sys.stderr)
     return row

@@ -84,3 +84,13 @@ def test_a_bad_cpu_list_is_a_usage_error(tmp_path):
     r = _run(tmp_path, tmp_path / "model", "--system", tmp_path, "--decoder-cpus", "0,x")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "--decoder-cpus" in r.stderr.splitlines()[-1]
+
+
+def test_decoding_time_is_read_from_moses_own_clock(bench):
+    log = ("Loading LM0\nCreated input-output object : [3.121] seconds\nLine 0: Search took 0.037 seconds\n"
+           "Name:moses\tVmPeak:347264 kB\tVmRSS:72708 kB\tRSSMax:139500 kB\tuser:2.966\tsys:0.195\tCPU:3.160\t"
+           "real:3.203\n")
+    load, seconds = bench.moses_times(log)
+    assert load == 3.121 and abs(seconds - 0.082) < 1e-9
+    assert bench.moses_times("Created input-output object : [3.1] seconds\n") is None  # killed before its end line
+    assert bench.moses_times("real:3.2\n") is None
