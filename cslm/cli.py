@@ -9,8 +9,9 @@ import sys
 import click
 
 from mtcommon import __version__
-from mtcommon.cliutil import (DEVICE, LR_SCHEDULE, QUIET, THREADS, Number, RegistryChoice, explicit_options,
-                              fail_cleanly, feature_name, require_model_dir, stacked, trainer_options)
+from mtcommon.cliutil import (DEVICE, LR_SCHEDULE, QUIET, THREADS, Number, OneLineGroup, RegistryChoice,
+                              explicit_options, fail_cleanly, feature_name, require_model_dir, stacked,
+                              trainer_options)
 from mtcommon.outputs import check_paths
 
 from .data import RESERVED
@@ -103,7 +104,7 @@ def _presets():
     return PRESETS
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="cslm")
 def main():
     """Continuous-space 7-gram language model (Schwenk, 2007; Cho et al., 2014): train, score, serve."""

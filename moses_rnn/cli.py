@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import click
 
+from mtcommon.cliutil import OneLineGroup
+
 from . import __version__
 from .commands import analyze, generate, ini, score, train
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="moses-rnn")
 def main():
     """RNN Encoder-Decoder phrase scores for Moses phrase tables (Cho et al., 2014)."""

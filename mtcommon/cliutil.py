@@ -58,6 +58,34 @@ def fail_cleanly(fn):
     return wrapper
 
 
+class OneLineUsageError(click.UsageError):
+    """A usage error shown as click shows its other errors: `Error: MESSAGE`, one line (exit status 2)."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.format_message()}", err=True, file=file)
+
+
+class OneLineGroup(click.Group):
+    """The commands' group: a usage error (an option or argument missing, unknown or out of range) is one
+    line, `Error: ...` as click writes it last, without the usage and the --help hint click prints above it."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except OneLineUsageError:
+            raise
+        except click.UsageError as e:
+            raise OneLineUsageError(e.format_message(), e.ctx) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OneLineUsageError:
+            raise
+        except click.UsageError as e:  # a subcommand's, nested groups' included
+            raise OneLineUsageError(e.format_message(), e.ctx) from None
+
+
 def explicit_options(ctx: click.Context | None = None) -> frozenset[str]:
     """The names of the current command's parameters that the user gave (on the command line or in the
     environment), not left at their defaults: what a resumed training compares with its checkpoint."""

@@ -407,6 +407,21 @@ def test_bad_threads_and_device_are_usage_errors_everywhere(option, value, messa
     assert checked == (7 if option == "--threads" else 10)
 
 
+@pytest.mark.parametrize("tool,args,message", [
+    ("moses-rnn", ["augment", "nosuch.gz"], "Error: Missing option '-m' / '--model-dir'."),
+    ("moses-rnn", ["nosuchcmd"], "Error: No such command 'nosuchcmd'."),
+    ("moses-rnn", ["ini", "add-columns"], "Error: Missing argument 'MOSES_INI'."),
+    ("cslm", ["serve"], "Error: Missing argument 'MODEL_DIR'."),
+    ("cslm", ["eval", "--nosuch"], "Error: No such option '--nosuch'"),  # click may add a suggestion
+])
+def test_usage_errors_are_one_line(tool, args, message):
+    """A missing, unknown or bad option or argument is one line, as every other error: not click's usage and
+    --help hint above it."""
+    r = run(tool, *args, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and lines[0].startswith(message), r.stderr
+
+
 @pytest.mark.parametrize("tool,args", [("moses-rnn", ["score", "TABLE", "-m", "MODEL", "-o", "OUT"]),
                                        ("cslm", ["serve", "MODEL"])])
 def test_bad_options_in_a_real_process(tool, args, tmp_path, tiny_model, tiny_cslm, example_table):
