@@ -316,8 +316,7 @@ def main() -> None:
     report["decoder_cpus"], report["server_cpus"] = (sorted(c) if c else None for c in (dcpus, scpus))
     rows["baseline"] = run_row("baseline", moses, base_ini, lines, PIPELINE_FLAGS, args.threads,
                                repeats=args.repeats, cpus=dcpus)
-    # the rows on fewer sentences are held against the baseline on those same sentences: the first ones of
-    # newstest2013 cost the CSLM more than the average sentence does
+    # the rows on fewer sentences are held against the baseline on those same sentences, not on all of them
     slow = lines[: args.slow_sentences]
     slow_base = rows["baseline"]
     if len(slow) < len(lines) and {"server-cube", "server"} & set(args.modes):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -65,25 +66,29 @@ class OneLineUsageError(click.UsageError):
         click.echo(f"Error: {self.format_message()}", err=True, file=file)
 
 
+@contextlib.contextmanager
+def _one_line_usage():
+    try:
+        yield
+    except OneLineUsageError:
+        raise
+    except click.UsageError as e:
+        raise OneLineUsageError(e.format_message(), e.ctx) from None
+
+
 class OneLineGroup(click.Group):
     """The commands' group: a usage error (an option or argument missing, unknown or out of range) is one
-    line, `Error: ...` as click writes it last, without the usage and the --help hint click prints above it."""
+    line, `Error: ...` as click writes it last, without the usage and the --help hint click prints above it.
+    The group's own arguments are parsed in `make_context`, every subcommand's (nested groups' too) in
+    `invoke`."""
 
     def make_context(self, *args, **kwargs):
-        try:
+        with _one_line_usage():
             return super().make_context(*args, **kwargs)
-        except OneLineUsageError:
-            raise
-        except click.UsageError as e:
-            raise OneLineUsageError(e.format_message(), e.ctx) from None
 
     def invoke(self, ctx):
-        try:
+        with _one_line_usage():
             return super().invoke(ctx)
-        except OneLineUsageError:
-            raise
-        except click.UsageError as e:  # a subcommand's, nested groups' included
-            raise OneLineUsageError(e.format_message(), e.ctx) from None
 
 
 def explicit_options(ctx: click.Context | None = None) -> frozenset[str]:
