@@ -20,7 +20,8 @@ add the feature (weight 0.1, untuned: this measures speed, not BLEU):
     cube-pruning side (CSLMBuffer.h) with the pipeline's search, asking in one
     request per stack either, for K:A, each new cube's first expansions,
     (x+1)(y+1) <= K, or, for predict:P, what the stack's search creates when
-    run ahead on estimated scores for P times its pop limit; and each time a
+    run ahead for P times its pop limit (predict:P:KEY=VALUE,... adds keys to
+    the CSLM line: run-ahead=estimate, rounds=N); and each time a
     popped expansion's successors miss, that cube's reach grown (by A, or 4),
     in one request (on --slow-sentences sentences).
 
@@ -255,7 +256,8 @@ def main() -> None:
     ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:4"], metavar="CORNER:AHEAD",
                     help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
                          "and the factor its reach grows by past a miss), or predict:P for predict=P (each stack's "
-                         "search run ahead on estimated scores for P times its pop limit)")
+                         "search run ahead for P times its pop limit), predict:P:KEY=VALUE,... with more keys of "
+                         "the CSLM line (run-ahead=estimate, rounds=3)")
     ap.add_argument("--work", help="keep the filtered table here (reused when present)")
     ap.add_argument("--system", type=Path, default=SYSTEM,
                     help="a folder with phrase-table.gz, lm.fr.5.arpa.gz and test.tok.en [the shared system]; "
@@ -348,9 +350,13 @@ def main() -> None:
     if "server-cube" in args.modes:
         for cube in args.cubes:
             corner, _, ahead = cube.partition(":")
+            ahead, _, keys = ahead.partition(":")
             ahead = ahead or corner
-            if corner == "predict":
-                asked, name, what = f"predict={ahead}", f"predict_{ahead}", f"predict {ahead}"
+            if corner == "predict":  # predict:P or predict:P:KEY=VALUE,KEY=VALUE (run-ahead=, rounds=)
+                extra = [k for k in keys.split(",") if k]
+                asked = " ".join([f"predict={ahead}", *extra])
+                name = "_".join([f"predict_{ahead}", *(k.replace("=", "_").replace("-", "_") for k in extra)])
+                what = " ".join([f"predict {ahead}", *extra])
             else:
                 asked, name, what = f"predict=0 corner={corner} ahead={ahead}", f"cube_{corner}_{ahead}", \
                     f"corner {corner}, ahead {ahead}"

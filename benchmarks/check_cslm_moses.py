@@ -142,12 +142,16 @@ def main() -> None:
         moses_ini(plain, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} prefetch=0")
         decoded: dict = {}
         report["cube_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work, decoded)
-        ini = work / "server-buffered-predict.ini"
-        moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 predict={args.predict:g}")
-        report["server_buffered_predict"] = check_mode("server, buffered, cube pruning run ahead", moses, ini, lines,
-                                                       PIPELINE_FLAGS, engine, self_norm, args.tolerance, work)
-        report["predict_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences], work,
-                                                       decoded)
+        for run_ahead in ("evaluate", "estimate"):  # the run ahead with every feature, and on estimated scores
+            ini = work / f"server-buffered-predict-{run_ahead}.ini"
+            moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model} buffer=4096 "
+                                      f"predict={args.predict:g} run-ahead={run_ahead}")
+            suffix = "" if run_ahead == "evaluate" else "_estimate"
+            report[f"server_buffered_predict{suffix}"] = check_mode(
+                f"server, buffered, cube pruning run ahead ({run_ahead})", moses, ini, lines, PIPELINE_FLAGS, engine,
+                self_norm, args.tolerance, work)
+            report[f"predict{suffix}_batching_exact"] = same_output(moses, plain, ini, lines[: args.exact_sentences],
+                                                                    work, decoded)
 
     # failures: no server at load; the server killed while Moses decodes
     ini = work / "absent.ini"

@@ -27,7 +27,8 @@ Checks, in order (later ones use what earlier ones trained; the CSLM's first, th
                 (target: through the server >= 0.8 of the engine);
   cslm_decode   benchmarks/bench_cslm_decode.py with --moses, else skipped: on that paper-size
                 model, in process (CPU) and through the server (buffered, cube pruning,
-                predict=8 buffer=65536 on a GPU, 2 and 8 decoder threads): decoding time against
+                buffer=65536, the run ahead with every feature and on estimated scores with
+                predict=8, 2 and 8 decoder threads): decoding time against
                 the baseline (target: through the server <= 3x with a GPU server, <= 5x on CPU);
   train_paper   `moses-rnn train --preset paper` for about a minute on a 200,000-line slice of
                 the shared table: pairs/s and the model arithmetic it implies as a fraction of
@@ -126,8 +127,9 @@ GPU = Sizes(
     cslm_preset="paper", cslm_lines=60_000,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
-    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:8", "--buffer", "65536",
-                 "--cube-threads", "2", "8"],  # the GPU server's best setting (docs/moses-feature.md)
+    # the run ahead with every feature (the default) beside the GPU server's best setting measured before it
+    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:1.5", "predict:8:run-ahead=estimate",
+                 "--buffer", "65536", "--cube-threads", "2", "8"],
     batch_size=2048,
     batch_args=["--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4", "--valid-pairs", "500"],
     score_workers=[4, 8],
@@ -142,7 +144,7 @@ DRY = Sizes(
     cslm_preset="tiny", cslm_lines=400,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
     server_args=["--ngrams", "4000", "--clients", "1", "4", "--latency-requests", "10"],
-    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:4"],
+    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:1.5", "predict:4:run-ahead=estimate"],
     batch_size=256,
     batch_args=["--max-steps", "20", "--eval-every", "10", "--valid-pairs", "20"],
     score_workers=[2],

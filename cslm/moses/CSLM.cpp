@@ -36,7 +36,8 @@ bool CSLMState::operator==(const FFState& other) const {
 struct CSLM::ThreadData {
   ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer,
              const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk)
-      : session(s), cache(cache_size), ids(vocab, unk), queued_set(buffer + 1), hits(0) {}
+      : session(s), cache(cache_size), ids(vocab, unk), queued_set(buffer + 1), hits(0), run_ahead(false),
+        run_ahead_misses(0), answered_sum(0.0), answered(0) {}
   boost::scoped_ptr<cslm::Backend::Session> session;  // evaluates, in process or through a server
   cslm::NgramCache cache;
   FactorIds ids;                           // this thread's word -> id memo
@@ -46,6 +47,10 @@ struct CSLM::ThreadData {
   std::vector<uint32_t> queue_ids, queue_ngrams, queue_next;  // QueueNgrams's
   std::vector<float> lp, scores;
   size_t hits;                             // this sentence's cache hits (stats=1)
+  bool run_ahead;                          // RunAhead(true): nothing is asked, unknown n-grams are queued
+  size_t run_ahead_misses;                 // ... and counted
+  double answered_sum;                     // the log-probabilities the buffer's requests returned, summed
+  size_t answered;                         // ... and counted: their mean is the run ahead's provisional value
 };
 
 CSLM::CSLM(const std::string& line)
@@ -55,7 +60,9 @@ CSLM::CSLM(const std::string& line)
       m_buffer(0),
       m_corner(8),
       m_ahead(4),
-      m_predict(4.0f),
+      m_predict(1.5f),
+      m_evaluateRunAhead(true),
+      m_rounds(2),
       m_order(0),
       m_timeout(60.0),
       m_retries(3),
@@ -96,6 +103,12 @@ void CSLM::SetParameter(const std::string& key, const std::string& value) {
     m_ahead = Scan<size_t>(value);
   } else if (key == "predict") {
     m_predict = Scan<float>(value);
+  } else if (key == "run-ahead") {
+    UTIL_THROW_IF2(value != "evaluate" && value != "estimate",
+                   GetScoreProducerDescription() << ": run-ahead= must be evaluate or estimate, not '" << value << "'");
+    m_evaluateRunAhead = value == "evaluate";
+  } else if (key == "rounds") {
+    m_rounds = Scan<size_t>(value);
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }
@@ -175,17 +188,24 @@ void CSLM::Load(AllOptions::ptr const& opts) {
       CSLMBuffer::Register(this);
       std::ostringstream b;
       b << "buffered, " << m_buffer << " n-grams per request";
-      if (opts->search.algo == CubePruning && m_predict > 0)
+      if (opts->search.algo == CubePruning && m_predict > 0) {
         b << ", cube pruning asking before each stack for what its search creates run ahead for " << m_predict
-          << "x its pop limit, a cube's reach grown from " << m_corner << " by " << m_ahead << "x past a miss";
-      else if (opts->search.algo == CubePruning)
+          << "x its pop limit (";
+        if (m_evaluateRunAhead)
+          b << "every feature evaluated, " << m_rounds << " rounds";
+        else
+          b << "estimated scores";
+        b << "), a cube's reach grown from " << m_corner << " by " << m_ahead << "x past a miss";
+      } else if (opts->search.algo == CubePruning) {
         b << ", cube pruning asking ahead " << m_corner << " expansions of a new cube, its reach grown "
           << m_ahead << "x past a miss";
+      }
       buffering = b.str();
     }
   }
   UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
   UTIL_THROW_IF2(!(m_predict >= 0 && m_predict <= 1000), who << ": predict= must be within 0..1000 (times the pop limit)");
+  UTIL_THROW_IF2(m_rounds < 1 || m_rounds > 100, who << ": rounds= must be within 1..100");
   std::cerr << who << ": CSLM " << where << ", order " << m_order << ", vocabulary " << facts.words.size() << model
             << ", scoring " << buffering << (m_opt.future_cost ? ", in the future-cost estimate" : "") << std::endl;
 }
@@ -316,7 +336,28 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   PhraseIds(td, hypo.GetCurrTargetPhrase(), &td.phrase_ids);
   const size_t count = cslm::boundary_ngrams(prev.Words(), td.phrase_ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos,
                                              &ngrams, &td.next);
-  if (count) {
+  if (count && td.run_ahead) {  // the buffer's run ahead (CSLMBuffer.cpp): known values, or a provisional one
+    const float provisional = td.answered ? static_cast<float>(td.answered_sum / td.answered) : -5.0f;
+    float sum = 0.0f;
+    for (size_t i = 0; i < count; ++i) {
+      const uint32_t* g = &ngrams[i * m_order];
+      float v;
+      uint8_t fl;
+      if (td.cache.find(g, m_order, &v, &fl)) {
+        sum += v;
+        continue;
+      }
+      sum += provisional;
+      ++td.run_ahead_misses;
+      if (!td.queued_set.find(g, m_order, &v, &fl)) {
+        td.queued_set.insert(g, m_order, 0.0f, 0);
+        td.queued.insert(td.queued.end(), g, g + m_order);
+      }
+    }
+    td.scores.assign(m_numScoreComponents, 0.0f);
+    td.scores[0] = sum;
+    accumulator->PlusEquals(this, td.scores);
+  } else if (count) {
     if (!Cached(td, ngrams, count, &lp)) {
       // A round trip is due: fill it with the likely next questions.
       if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev.Words(), &ngrams);
@@ -362,6 +403,10 @@ size_t CSLM::QueueExpansion(const Hypothesis& prev, const TranslationOption& opt
 
 size_t CSLM::Queued() const { return ThisThread().queued.size() / m_order; }
 
+void CSLM::RunAhead(bool on) const { ThisThread().run_ahead = on; }
+
+size_t CSLM::RunAheadMisses() const { return ThisThread().run_ahead_misses; }
+
 void CSLM::ScoreQueued() const {
   ThreadData& td = ThisThread();
   const size_t count = td.queued.size() / m_order;
@@ -372,6 +417,8 @@ void CSLM::ScoreQueued() const {
     std::vector<uint8_t> fl(n);
     Evaluate(td, &td.queued[at * m_order], n, &lp[0], &fl[0]);
     for (size_t k = 0; k < n; ++k) td.cache.insert(&td.queued[(at + k) * m_order], m_order, lp[k], fl[k]);
+    for (size_t k = 0; k < n; ++k) td.answered_sum += lp[k];
+    td.answered += n;
   }
   td.queued.clear();
   td.queued_set.clear();

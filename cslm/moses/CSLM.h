@@ -107,11 +107,24 @@ class CSLM : public StatefulFeatureFunction {
   size_t BufferSize() const { return m_buffer; }
   size_t Corner() const { return m_corner; }
   size_t Ahead() const { return m_ahead; }
-  // Under cube pruning with the buffer: P > 0 (default 4) asks, before each
-  // stack, for what that stack's cube pruning creates when run ahead on
-  // estimated scores for P times its pop limit; 0 asks for each new cube's
-  // corner instead (CSLMBuffer.h).
+  // Under cube pruning with the buffer: P > 0 (default 1.5) asks, before each
+  // stack, for what that stack's cube pruning creates when run ahead for P
+  // times its pop limit; 0 asks for each new cube's corner instead (CSLMBuffer.h).
   float Predict() const { return m_predict; }
+  // How the run ahead scores a cell (run-ahead=): true (evaluate, the
+  // default) evaluates the hypothesis the cell would make with every feature,
+  // the CSLM's n-grams from the cache (RunAhead below); false (estimate) adds
+  // the predecessor's score, the option's future score and the distortion cost.
+  // Rounds: run-aheads per stack with evaluate, each asking for what the
+  // previous ones did not know (rounds=, default 2).
+  bool EvaluateRunAhead() const { return m_evaluateRunAhead; }
+  size_t Rounds() const { return m_rounds; }
+  // While on (this thread): EvaluateWhenApplied never asks the backend; each
+  // boundary n-gram the cache lacks is queued, counted in RunAheadMisses and
+  // scored as the mean log-probability of the n-grams this thread has been
+  // answered so far (a provisional value, for the run ahead only).
+  void RunAhead(bool on) const;
+  size_t RunAheadMisses() const;
   size_t Queue(const Hypothesis& hypo) const;
   size_t QueueExpansion(const Hypothesis& prev, const TranslationOption& option, bool complete) const;
   size_t Queued() const;
@@ -150,6 +163,8 @@ class CSLM : public StatefulFeatureFunction {
   size_t m_corner;         // cube pruning with the buffer: a new cube's expansions (x+1)(y+1) <= corner asked ahead
   size_t m_ahead;          // ... and each time a cube leaves what was asked, `ahead` times more of it
   float m_predict;         // > 0: instead of corners, the cells of a run ahead of each stack (predict x pop limit pops)
+  bool m_evaluateRunAhead; // run-ahead=evaluate (true) or estimate
+  size_t m_rounds;         // run-aheads per stack (evaluate)
   unsigned m_order;        // the server's n (order= in the ini must agree)
   double m_timeout;        // seconds, connect and every reply
   int m_retries;

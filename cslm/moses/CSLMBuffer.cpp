@@ -54,6 +54,7 @@ boost::unordered_map<const void*, size_t>& ReachHere() {
 struct PendingCube {
   const std::vector<const Hypothesis*>* predecessors;
   const TranslationOptionList* options;
+  const Bitmap* coverage;  // of every expansion (its BitmapContainer's, alive as long as the search)
   bool complete;
   size_t stack;     // words its expansions cover: the stack they go to
   float estimate;   // the future-cost estimate of that coverage
@@ -98,9 +99,39 @@ float DistortionCost(const Hypothesis& pred, const Range& span) {
   return cost;
 }
 
-// Queues what cube pruning will create in the next stack, run ahead on estimated
-// scores (cslm::cube_pops): the pending cubes of the lowest stack, predict x the
-// pop limit pops. Those cubes leave the pending list.
+// A cell's score in the run ahead with every feature (run-ahead=evaluate):
+// the future score of the hypothesis the cell would make, made as
+// BackwardsEdge::CreateHypothesis makes it (but with id 0, so that the real
+// search's ids are unchanged), evaluated with the CSLM in its run-ahead mode
+// (unknown n-grams queued, a provisional value in their place), then dropped.
+// A cell whose n-grams were all known keeps its score for the later rounds.
+class EvaluatedScore {
+ public:
+  explicit EvaluatedScore(const PendingCube* cubes) : m_cubes(cubes) {}
+  float operator()(size_t c, size_t x, size_t y) {
+    const uint64_t key = (static_cast<uint64_t>(c) << 40) ^ (static_cast<uint64_t>(x) << 20) ^ y;
+    boost::unordered_map<uint64_t, float>::const_iterator known = m_exact.find(key);
+    if (known != m_exact.end()) return known->second;
+    const PendingCube& cube = m_cubes[c];
+    const size_t before = g_feature->RunAheadMisses();
+    Hypothesis hypo(*(*cube.predecessors)[x], *cube.options->Get(y), *cube.coverage, 0);
+    hypo.EvaluateWhenApplied(cube.estimate);
+    const float score = hypo.GetFutureScore();
+    if (g_feature->RunAheadMisses() == before) m_exact[key] = score;
+    return score;
+  }
+
+ private:
+  const PendingCube* m_cubes;
+  boost::unordered_map<uint64_t, float> m_exact;
+};
+
+// Queues what cube pruning will create in the next stack, run ahead (cslm::cube_run):
+// the pending cubes of the lowest stack, predict x the pop limit pops. Those
+// cubes leave the pending list. With run-ahead=evaluate, the run is repeated
+// up to rounds= times, each round's unknown n-grams scored before the next
+// (whose cells then score as the search will score them); the last round's
+// are left queued for the flush.
 void QueuePredicted() {
   Prediction& p = PredictionHere();
   if (p.pending.empty()) return;
@@ -109,6 +140,22 @@ void QueuePredicted() {
   // the next stack's cubes to the end, in the order they were built (the run-ahead is deterministic)
   const std::vector<PendingCube>::iterator mine =
       std::stable_partition(p.pending.begin(), p.pending.end(), OtherStack(stack));
+  const size_t pops = static_cast<size_t>(g_feature->Predict() * p.pop_limit + 0.5);
+  if (g_feature->EvaluateRunAhead()) {
+    std::vector<std::pair<size_t, size_t> > sizes;
+    for (std::vector<PendingCube>::iterator c = mine; c != p.pending.end(); ++c)
+      sizes.push_back(std::make_pair(c->predecessors->size(), c->options->size()));
+    EvaluatedScore score(&*mine);
+    for (size_t round = 0; round < g_feature->Rounds(); ++round) {
+      if (round > 0) g_feature->ScoreQueued();  // what the last round did not know
+      g_feature->RunAhead(true);
+      cslm::cube_run(sizes, pops, score, &p.cells);
+      g_feature->RunAhead(false);
+      if (!g_feature->Queued()) break;  // every cell it made was known: the next round would repeat it
+    }
+    p.pending.erase(mine, p.pending.end());
+    return;
+  }
   size_t values = 0;
   for (std::vector<PendingCube>::iterator c = mine; c != p.pending.end(); ++c)
     values += c->predecessors->size() + c->options->size();
@@ -127,7 +174,7 @@ void QueuePredicted() {
     at += e.nx + e.ny;
     p.cubes.push_back(e);
   }
-  cslm::cube_pops(p.cubes, static_cast<size_t>(g_feature->Predict() * p.pop_limit + 0.5), &p.cells);
+  cslm::cube_pops(p.cubes, pops, &p.cells);
   for (size_t k = 0; k < p.cells.size(); ++k) {
     const PendingCube& c = mine[p.cells[k].cube];
     g_feature->QueueExpansion(*(*c.predecessors)[p.cells[k].x], *c.options->Get(p.cells[k].y), c.complete);
@@ -183,7 +230,7 @@ void CSLMBuffer::Cube(const std::vector<const Hypothesis*>& predecessors, const 
       p.manager = &manager;
       p.pop_limit = manager.options()->cube.pop_limit;
     }
-    PendingCube c = {&predecessors, &options, coverage.IsComplete(), coverage.GetNumWordsCovered(),
+    PendingCube c = {&predecessors, &options, &coverage, coverage.IsComplete(), coverage.GetNumWordsCovered(),
                      manager.getSntTranslationOptions()->GetEstimatedScores().CalcEstimatedScore(coverage)};
     p.pending.push_back(c);
     return;

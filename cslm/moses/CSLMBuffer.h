@@ -23,15 +23,22 @@
 // moses/BitmapContainer.cpp and moses/SearchCubePruning.cpp:
 //   * Cube(): a cube is built (a BackwardsEdge: the predecessors, sorted best
 //     first, times the options of one source span, best first) for a later
-//     stack. With predict=P > 0 (the default, 4) it is kept until the flush
+//     stack. With predict=P > 0 (the default, 1.5) it is kept until the flush
 //     before that stack; with predict=0 the boundary n-grams of its first
 //     expansions, those at (x, y) with (x+1)(y+1) <= corner, join the queue.
 //   * Flush(): before a stack's cubes are initialised. With predict=P, the
-//     stack's cube pruning is run ahead on estimated scores (cslm::cube_pops:
-//     a cell's predecessor score + option future score + the future cost of
-//     its coverage, without the stateful features' boundary costs), for P
-//     times its pop limit, and every cell that run creates joins the queue.
-//     The queue is scored: one request per stack, or per buffer= n-grams.
+//     stack's cube pruning is run ahead (cslm::cube_run) for P times its pop
+//     limit, and every cell that run creates joins the queue. With
+//     run-ahead=evaluate (the default) a cell scores what the search will
+//     score it: the hypothesis it would make is made and evaluated with every
+//     feature, the CSLM's n-grams from the cache, and an n-gram the cache
+//     lacks is queued and given a provisional value (the mean of those
+//     answered so far); up to rounds= runs, each after the last one's queue is
+//     scored, so that each round scores more cells exactly. With
+//     run-ahead=estimate a cell's score is its predecessor's score + its
+//     option's future score + the future cost of its coverage + the
+//     distortion cost, without the other stateful features' boundary costs.
+//     The queue is scored: one request per round, or per buffer= n-grams.
 //   * Successors(): when a cube is about to create the successors of its
 //     popped expansion (x, y) and one of them lacks an n-gram, the search has
 //     left what was asked for that cube: its reach grows `ahead` times (corner,

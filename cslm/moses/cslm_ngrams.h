@@ -98,18 +98,51 @@ inline void cube_corner(size_t x, size_t y, size_t nx, size_t ny, size_t corner,
     for (size_t j = 0; y + j < ny && (i + 1) * (j + 1) <= corner; ++j) out->push_back(std::make_pair(x + i, y + j));
 }
 
-// Cube pruning run ahead on estimated scores (CSLMBuffer.h, predict=). One
-// CubeEstimate per cube (BackwardsEdge) of the stack about to be searched:
-// `rows` the predecessors' scores (plus, from CSLMBuffer, the distortion cost
-// of the cube's span after each) and `cols` the options' future scores, each
-// in the order the cube sorts them, and `offset` the future-cost estimate of
-// the cube's coverage. Cube pruning creates every cube's (0, 0),
-// then pops the best created cell of the stack `pops` times (its pop limit),
-// and each pop creates the popped cell's successors (x+1, y) and (x, y+1) once.
-// This does the same with rows[x] + cols[y] + offset for a cell's score: the
-// real score adds the stateful features' boundary costs (the LMs' among them),
-// which are what the request is to compute. Every cell it creates goes to
-// `out`, in the order created.
+// Cube pruning run ahead (CSLMBuffer.h, predict=). Cube pruning creates
+// every cube's (0, 0), then pops the best created cell of the stack `pops`
+// times (its pop limit), and each pop creates the popped cell's successors
+// (x+1, y) and (x, y+1) once (moses/SearchCubePruning.cpp, BitmapContainer.cpp).
+// cube_run does the same for cubes of sizes[c] = (nx, ny), with
+// score(c, x, y) for a created cell's score (called once per cell, in the
+// order created), and puts every cell it creates in `out`, in that order.
+struct CubeCell {
+  size_t cube, x, y;
+};
+
+template <class Score>
+void cube_run(const std::vector<std::pair<size_t, size_t> >& sizes, size_t pops, Score& score,
+              std::vector<CubeCell>* out) {
+  typedef std::pair<float, size_t> Entry;  // (score, index into out): a created cell awaiting its pop
+  std::priority_queue<Entry> best;
+  std::unordered_set<uint64_t> created;  // (cube, x, y) packed: a cell is created once, as cube pruning's seen set
+  out->clear();
+  for (size_t c = 0; c < sizes.size(); ++c) {
+    if (sizes[c].first == 0 || sizes[c].second == 0) continue;
+    CubeCell cell = {c, 0, 0};
+    best.push(Entry(score(c, 0, 0), out->size()));
+    out->push_back(cell);
+  }
+  for (size_t pop = 0; pop < pops && !best.empty(); ++pop) {
+    const CubeCell at = (*out)[best.top().second];
+    best.pop();
+    for (int k = 0; k < 2; ++k) {
+      CubeCell next = {at.cube, at.x + (k == 0), at.y + (k == 1)};
+      if (next.x >= sizes[at.cube].first || next.y >= sizes[at.cube].second) continue;
+      const uint64_t key = (static_cast<uint64_t>(next.cube) << 40) ^ (static_cast<uint64_t>(next.x) << 20) ^ next.y;
+      if (!created.insert(key).second) continue;
+      best.push(Entry(score(next.cube, next.x, next.y), out->size()));
+      out->push_back(next);
+    }
+  }
+}
+
+// The run ahead on estimated scores (run-ahead=estimate): one CubeEstimate
+// per cube (BackwardsEdge) of the stack about to be searched: `rows` the
+// predecessors' scores (plus, from CSLMBuffer, the distortion cost of the
+// cube's span after each) and `cols` the options' future scores, each in the
+// order the cube sorts them, and `offset` the future-cost estimate of the
+// cube's coverage; a cell's score is rows[x] + cols[y] + offset. The real
+// score adds the stateful features' boundary costs (the LMs' among them).
 struct CubeEstimate {
   const float* rows;
   size_t nx;
@@ -117,34 +150,18 @@ struct CubeEstimate {
   size_t ny;
   float offset;
 };
-struct CubeCell {
-  size_t cube, x, y;
+
+struct EstimatedScore {
+  explicit EstimatedScore(const std::vector<CubeEstimate>& c) : cubes(c) {}
+  float operator()(size_t c, size_t x, size_t y) const { return cubes[c].rows[x] + cubes[c].cols[y] + cubes[c].offset; }
+  const std::vector<CubeEstimate>& cubes;
 };
 
 inline void cube_pops(const std::vector<CubeEstimate>& cubes, size_t pops, std::vector<CubeCell>* out) {
-  typedef std::pair<float, size_t> Entry;  // (score, index into out): a created cell awaiting its pop
-  std::priority_queue<Entry> best;
-  std::unordered_set<uint64_t> created;  // (cube, x, y) packed: a cell is created once, as cube pruning's seen set
-  out->clear();
-  for (size_t c = 0; c < cubes.size(); ++c) {
-    if (cubes[c].nx == 0 || cubes[c].ny == 0) continue;
-    CubeCell cell = {c, 0, 0};
-    best.push(Entry(cubes[c].rows[0] + cubes[c].cols[0] + cubes[c].offset, out->size()));
-    out->push_back(cell);
-  }
-  for (size_t pop = 0; pop < pops && !best.empty(); ++pop) {
-    const CubeCell at = (*out)[best.top().second];
-    best.pop();
-    const CubeEstimate& e = cubes[at.cube];
-    for (int k = 0; k < 2; ++k) {
-      CubeCell next = {at.cube, at.x + (k == 0), at.y + (k == 1)};
-      if (next.x >= e.nx || next.y >= e.ny) continue;
-      const uint64_t key = (static_cast<uint64_t>(next.cube) << 40) ^ (static_cast<uint64_t>(next.x) << 20) ^ next.y;
-      if (!created.insert(key).second) continue;
-      best.push(Entry(e.rows[next.x] + e.cols[next.y] + e.offset, out->size()));
-      out->push_back(next);
-    }
-  }
+  std::vector<std::pair<size_t, size_t> > sizes(cubes.size());
+  for (size_t c = 0; c < cubes.size(); ++c) sizes[c] = std::make_pair(cubes[c].nx, cubes[c].ny);
+  EstimatedScore score(cubes);
+  cube_run(sizes, pops, score, out);
 }
 
 // A bounded map from n-gram to (log-probability, flags). When it holds

@@ -146,6 +146,29 @@ int main() {
     CHECK(made.size() == 3 * 2 + 1 * 3);
   }
 
+  // the run ahead with a score per cell: called once per created cell, in the order created
+  {
+    struct Counting {
+      std::vector<cslm::CubeCell> asked;
+      float operator()(size_t c, size_t x, size_t y) {
+        cslm::CubeCell cell = {c, x, y};
+        asked.push_back(cell);
+        return -static_cast<float>(x + 2 * y) - (c == 1 ? 0.5f : 0.0f);  // cube 1 a little worse
+      }
+    } score;
+    std::vector<std::pair<size_t, size_t> > sizes;
+    sizes.push_back(std::make_pair(size_t(2), size_t(2)));
+    sizes.push_back(std::make_pair(size_t(3), size_t(1)));
+    std::vector<cslm::CubeCell> made;
+    cslm::cube_run(sizes, 2, score, &made);
+    // created: 0(0,0) 1(0,0); pop 0(0,0) = 0 -> 0(1,0) = -1, 0(0,1) = -2; pop 1(0,0) = -0.5 -> 1(1,0) = -1.5
+    CHECK(made.size() == 5 && score.asked.size() == 5);
+    for (size_t i = 0; i < made.size(); ++i)
+      CHECK(made[i].cube == score.asked[i].cube && made[i].x == score.asked[i].x && made[i].y == score.asked[i].y);
+    CHECK(made[2].cube == 0 && made[2].x == 1 && made[2].y == 0 && made[3].x == 0 && made[3].y == 1);
+    CHECK(made[4].cube == 1 && made[4].x == 1 && made[4].y == 0);
+  }
+
   if (failures) return 1;
   std::printf("cslm_ngrams: all checks passed\n");
   return 0;
