@@ -4,7 +4,8 @@
 
 The n-grams are those of the sentences of TEXT (every word and </s>, history
 padded with <s>). In process: `Engine.score_ids` on batches of --max-batch
-n-grams. Through the server: a `cslm serve` child process (n-gram cache off,
+n-grams (the server's ratio to it is the target's), and on batches of
+--request n-grams (one client's requests can get no more). Through the server: a `cslm serve` child process (n-gram cache off,
 so every n-gram is computed) and C concurrent connections from this process,
 each with one request of --request n-grams in flight at a time, as a decoder
 thread would. Latency: one blocking client sending requests of 1 and of 16 n-grams.
@@ -135,6 +136,8 @@ def main() -> None:
         "distinct_histories": int(len(np.unique(grams[:, :-1], axis=0))),
         "request_ngrams": a.request,
         "in_process_ngrams_per_s": round(in_process(engine, grams, a.max_batch)),
+        # the engine on calls of one request's size: what one client's requests can get at best
+        "in_process_at_request_ngrams_per_s": round(in_process(engine, grams, a.request)),
     }
     del engine
     proc, port = start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized)
@@ -143,6 +146,8 @@ def main() -> None:
             rate = asyncio.run(through_server(port, grams, c, a.request))
             report[f"server_{c}_clients_ngrams_per_s"] = round(rate)
             report[f"server_{c}_clients_vs_in_process"] = round(rate / report["in_process_ngrams_per_s"], 3)
+            report[f"server_{c}_clients_vs_in_process_at_request"] = round(
+                rate / report["in_process_at_request_ngrams_per_s"], 3)
         for size in (1, 16):
             report[f"latency_ms_{size}_ngrams"] = latency(port, grams, size, a.latency_requests)
     finally:
