@@ -349,10 +349,7 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
       }
       sum += provisional;
       ++td.run_ahead_misses;
-      if (!td.queued_set.find(g, m_order, &v, &fl)) {
-        td.queued_set.insert(g, m_order, 0.0f, 0);
-        td.queued.insert(td.queued.end(), g, g + m_order);
-      }
+      QueueOne(td, g);
     }
     td.scores.assign(m_numScoreComponents, 0.0f);
     td.scores[0] = sum;
@@ -383,12 +380,17 @@ size_t CSLM::QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, con
     const uint32_t* g = &ngrams[i * m_order];
     float lp;
     uint8_t fl;
-    if (td.cache.find(g, m_order, &lp, &fl) || td.queued_set.find(g, m_order, &lp, &fl))
-      continue;  // known, or queued already
-    td.queued_set.insert(g, m_order, 0.0f, 0);
-    td.queued.insert(td.queued.end(), g, g + m_order);
+    if (!td.cache.find(g, m_order, &lp, &fl)) QueueOne(td, g);
   }
   return td.queued.size() / m_order;
+}
+
+void CSLM::QueueOne(ThreadData& td, const uint32_t* ngram) const {
+  float lp;
+  uint8_t fl;
+  if (td.queued_set.find(ngram, m_order, &lp, &fl)) return;  // queued already
+  td.queued_set.insert(ngram, m_order, 0.0f, 0);
+  td.queued.insert(td.queued.end(), ngram, ngram + m_order);
 }
 
 size_t CSLM::Queue(const Hypothesis& hypo) const {

@@ -151,6 +151,8 @@ class CSLM : public StatefulFeatureFunction {
   // Queues the boundary n-grams of `phrase` after `state` that neither the
   // cache nor the queue holds; returns the queue's length.
   size_t QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase, bool complete) const;
+  // Adds one n-gram (m_order ids) to the queue unless it is queued already.
+  void QueueOne(ThreadData& td, const uint32_t* ngram) const;
   // Appends the boundary n-grams of `state` followed by up to m_prefetch other
   // options of hypo's source span.
   void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
