@@ -149,6 +149,20 @@ LOADED = re.compile(r"^Created input-output object : \[([0-9.]+)\] seconds", re.
 ENDED = re.compile(r"\breal:([0-9.]+)\s*$", re.M)
 
 
+def cube_row(spec: str) -> tuple[str, str, str]:
+    """A --cubes value -> (the CSLM line's keys, the row's name, its label). CORNER:AHEAD asks for each new
+    cube's corner (predict=0); predict:P runs each stack's search ahead for P times the pop limit, and
+    predict:P:KEY=VALUE,KEY=VALUE adds keys (run-ahead=estimate, rounds=3)."""
+    corner, _, rest = spec.partition(":")
+    ahead, _, keys = rest.partition(":")
+    ahead = ahead or corner
+    if corner != "predict":
+        return f"predict=0 corner={corner} ahead={ahead}", f"cube_{corner}_{ahead}", f"corner {corner}, ahead {ahead}"
+    extra = [k for k in keys.split(",") if k]
+    name = "_".join([f"predict_{ahead}", *(k.replace("=", "_").replace("-", "_") for k in extra)])
+    return " ".join([f"predict={ahead}", *extra]), name, " ".join([f"predict {ahead}", *extra])
+
+
 def decode(moses: Path, ini: Path, text: str, flags: list[str], threads: int,
            cpus: set[int] | None = None) -> tuple[float, float, str]:
     """-> (seconds loading, seconds decoding, stderr), both by Moses's own clock: the decoding time is from the
@@ -349,17 +363,7 @@ def main() -> None:
                                                    args.threads, rows["baseline_normal_search"], args.repeats, dcpus)
     if "server-cube" in args.modes:
         for cube in args.cubes:
-            corner, _, ahead = cube.partition(":")
-            ahead, _, keys = ahead.partition(":")
-            ahead = ahead or corner
-            if corner == "predict":  # predict:P or predict:P:KEY=VALUE,KEY=VALUE (run-ahead=, rounds=)
-                extra = [k for k in keys.split(",") if k]
-                asked = " ".join([f"predict={ahead}", *extra])
-                name = "_".join([f"predict_{ahead}", *(k.replace("=", "_").replace("-", "_") for k in extra)])
-                what = " ".join([f"predict {ahead}", *extra])
-            else:
-                asked, name, what = f"predict=0 corner={corner} ahead={ahead}", f"cube_{corner}_{ahead}", \
-                    f"corner {corner}, ahead {ahead}"
+            asked, name, what = cube_row(cube)
             for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
                 with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,
                             scpus, shlex.split(args.server_args)) as server:

@@ -25,6 +25,14 @@ def bench():
         sys.path.remove(str(SCRIPT.parent))
 
 
+def test_cube_rows_name_their_keys(bench):
+    assert bench.cube_row("16:4") == ("predict=0 corner=16 ahead=4", "cube_16_4", "corner 16, ahead 4")
+    assert bench.cube_row("predict:4") == ("predict=4", "predict_4", "predict 4")
+    assert bench.cube_row("predict:1.5:rounds=3,run-ahead=estimate") == (
+        "predict=1.5 rounds=3 run-ahead=estimate", "predict_1.5_rounds_3_run_ahead_estimate",
+        "predict 1.5 rounds=3 run-ahead=estimate")
+
+
 def test_parse_cpus(bench):
     assert bench.parse_cpus(None) is None and bench.parse_cpus("") is None
     assert bench.parse_cpus("0,1") == {0, 1}
