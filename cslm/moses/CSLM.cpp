@@ -337,6 +337,7 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   const size_t count = cslm::boundary_ngrams(prev.Words(), td.phrase_ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos,
                                              &ngrams, &td.next);
   if (count && td.run_ahead) {  // the buffer's run ahead (CSLMBuffer.cpp): known values, or a provisional one
+    // (before the thread's first answer, -5: a guess that only orders the first stack's first round)
     const float provisional = td.answered ? static_cast<float>(td.answered_sum / td.answered) : -5.0f;
     float sum = 0.0f;
     for (size_t i = 0; i < count; ++i) {
