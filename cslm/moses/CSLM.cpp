@@ -336,38 +336,42 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   PhraseIds(td, hypo.GetCurrTargetPhrase(), &td.phrase_ids);
   const size_t count = cslm::boundary_ngrams(prev.Words(), td.phrase_ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos,
                                              &ngrams, &td.next);
-  if (count && td.run_ahead) {  // the buffer's run ahead (CSLMBuffer.cpp): known values, or a provisional one
-    // (before the thread's first answer, -5: a guess that only orders the first stack's first round)
-    const float provisional = td.answered ? static_cast<float>(td.answered_sum / td.answered) : -5.0f;
+  if (count) {
     float sum = 0.0f;
-    for (size_t i = 0; i < count; ++i) {
-      const uint32_t* g = &ngrams[i * m_order];
-      float v;
-      uint8_t fl;
-      if (td.cache.find(g, m_order, &v, &fl)) {
-        sum += v;
-        continue;
+    if (td.run_ahead) {  // the buffer's run ahead (CSLMBuffer.cpp): nothing asked
+      sum = RunAheadSum(td, ngrams, count);
+    } else {
+      if (!Cached(td, ngrams, count, &lp)) {
+        // A round trip is due: fill it with the likely next questions.
+        if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev.Words(), &ngrams);
+        Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
       }
-      sum += provisional;
-      ++td.run_ahead_misses;
-      QueueOne(td, g);
+      for (size_t i = 0; i < count; ++i) sum += lp[i];
     }
-    td.scores.assign(m_numScoreComponents, 0.0f);
-    td.scores[0] = sum;
-    accumulator->PlusEquals(this, td.scores);
-  } else if (count) {
-    if (!Cached(td, ngrams, count, &lp)) {
-      // A round trip is due: fill it with the likely next questions.
-      if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev.Words(), &ngrams);
-      Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
-    }
-    float sum = 0.0f;
-    for (size_t i = 0; i < count; ++i) sum += lp[i];
     td.scores.assign(m_numScoreComponents, 0.0f);
     td.scores[0] = sum;
     accumulator->PlusEquals(this, td.scores);
   }
   return new CSLMState(td.next);
+}
+
+float CSLM::RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const {
+  // before the thread's first answer, -5: a guess that only orders the first stack's first round
+  const float provisional = td.answered ? static_cast<float>(td.answered_sum / td.answered) : -5.0f;
+  float sum = 0.0f;
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t* g = &ngrams[i * m_order];
+    float v;
+    uint8_t fl;
+    if (td.cache.find(g, m_order, &v, &fl)) {
+      sum += v;
+    } else {
+      sum += provisional;
+      ++td.run_ahead_misses;
+      QueueOne(td, g);
+    }
+  }
+  return sum;
 }
 
 size_t CSLM::QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase,

@@ -153,6 +153,10 @@ class CSLM : public StatefulFeatureFunction {
   size_t QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase, bool complete) const;
   // Adds one n-gram (m_order ids) to the queue unless it is queued already.
   void QueueOne(ThreadData& td, const uint32_t* ngram) const;
+  // The run ahead's sum of the first `count` n-grams' log-probabilities: the
+  // cache's values, and for each n-gram it lacks the provisional value (the
+  // mean of this thread's answers so far), the n-gram queued and counted.
+  float RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const;
   // Appends the boundary n-grams of `state` followed by up to m_prefetch other
   // options of hypo's source span.
   void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
