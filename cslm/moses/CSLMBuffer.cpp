@@ -109,7 +109,7 @@ class EvaluatedScore {
  public:
   explicit EvaluatedScore(const PendingCube* cubes) : m_cubes(cubes) {}
   float operator()(size_t c, size_t x, size_t y) {
-    const uint64_t key = (static_cast<uint64_t>(c) << 40) ^ (static_cast<uint64_t>(x) << 20) ^ y;
+    const uint64_t key = cslm::cell_key(c, x, y);
     boost::unordered_map<uint64_t, float>::const_iterator known = m_exact.find(key);
     if (known != m_exact.end()) return known->second;
     const PendingCube& cube = m_cubes[c];

@@ -109,6 +109,11 @@ struct CubeCell {
   size_t cube, x, y;
 };
 
+// A cell's (cube, x, y) packed into one key (cube pruning's seen set, the run ahead's scores).
+inline uint64_t cell_key(size_t cube, size_t x, size_t y) {
+  return (static_cast<uint64_t>(cube) << 40) ^ (static_cast<uint64_t>(x) << 20) ^ y;
+}
+
 template <class Score>
 void cube_run(const std::vector<std::pair<size_t, size_t> >& sizes, size_t pops, Score& score,
               std::vector<CubeCell>* out) {
@@ -128,8 +133,7 @@ void cube_run(const std::vector<std::pair<size_t, size_t> >& sizes, size_t pops,
     for (int k = 0; k < 2; ++k) {
       CubeCell next = {at.cube, at.x + (k == 0), at.y + (k == 1)};
       if (next.x >= sizes[at.cube].first || next.y >= sizes[at.cube].second) continue;
-      const uint64_t key = (static_cast<uint64_t>(next.cube) << 40) ^ (static_cast<uint64_t>(next.x) << 20) ^ next.y;
-      if (!created.insert(key).second) continue;
+      if (!created.insert(cell_key(next.cube, next.x, next.y)).second) continue;
       best.push(Entry(score(next.cube, next.x, next.y), out->size()));
       out->push_back(next);
     }
