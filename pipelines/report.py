@@ -9,7 +9,7 @@ from pathlib import Path
 from files import read_lines, read_result, write_lines
 from health import DIP_DROP, FAIL_GAIN, dev_bleu_curves, health_rows, tuning_health
 from plots import plot_dev_curves, plot_training
-from runs import PHRASE_NETWORKS, TUNER_FLAGS, mean_sd, step_time_rows, tuning_name, tunings
+from runs import PHRASE_NETWORKS, TUNER_FLAGS, mean_sd, step_time_rows, tuning_name, tunings, wall_seconds
 from sections import (augmentation_rows, column_weights, learning_rows, length_bleu, model_row, network_rows,
                       shortlist_miss_bleu)
 from systems import label
@@ -139,6 +139,13 @@ def write_report(args) -> None:
                      if "log_z" in r else "")]
     if (work / "times.tsv").exists():
         lines += ["", "| Step | runs | median min | total min |", "|---|---:|---:|---:|", *step_time_rows(work / "times.tsv")]
+        wall = wall_seconds(work / "times.tsv")
+        if wall:
+            lines += ["", f"Wall time: {wall[0] / 3600:.2f} h in which at least one of the {wall[2]} logged steps ran "
+                      f"(their times summed: {wall[1] / 3600:.2f} h; `make -j` runs steps side by side). Time in which "
+                      f"no step ran, between sittings, is not counted"
+                      + (f"; {wall[3]} steps were interrupted and their time counted, so work they repeated is in it twice."
+                         if wall[3] else ".")]
     if args.dev_ref:
         curves = dev_bleu_curves(work, systems, Path(args.dev_ref), tuning)
         if curves:

@@ -3,6 +3,7 @@ and how the scores of a system's tunings are summed up."""
 
 from __future__ import annotations
 
+import signal
 import statistics
 import subprocess
 import time
@@ -56,14 +57,66 @@ def pooled_outputs(work: Path, system: str, tuner: str) -> list[list[str]]:
 
 
 def timed(times: str, step: str, command: list[str]) -> int:
-    """Run `command` (stdin, stdout and stderr inherited); when it succeeds, append
-    "STEP<TAB>seconds" to `times`. Returns the command's status."""
-    start = time.monotonic()
-    rc = subprocess.call(command)
-    if rc == 0:
+    """Run `command` (stdin, stdout and stderr inherited) and append "STEP<TAB>seconds<TAB>start"
+    to `times` (start: seconds since the epoch, for the run's wall time, `wall_seconds`) when it
+    succeeds. Stopped by SIGTERM, SIGINT or SIGHUP (make interrupted, a sitting ended), it passes
+    the signal on, waits for the command, and logs the time spent with a fourth field,
+    "interrupted": that time counts in the wall time, not in the step's medians. Returns the
+    command's status (128 + the signal when interrupted)."""
+    start, wall_start = time.monotonic(), time.time()
+
+    def log(mark: str = "") -> None:
         with open(times, "a", encoding="utf-8") as f:  # one short line: an atomic append
-            f.write(f"{step}\t{time.monotonic() - start:.1f}\n")
+            f.write(f"{step}\t{time.monotonic() - start:.1f}\t{wall_start:.0f}{mark}\n")
+
+    proc = subprocess.Popen(command)
+    stopped: list[int] = []
+
+    def stop(signum, _frame):  # only pass the signal on: the wait below returns once the command ends
+        if not stopped:
+            stopped.append(signum)
+            proc.send_signal(signum)  # make passes it to the whole group; a lone kill of this process too
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    rc = proc.wait()
+    if stopped:
+        log("\tinterrupted")
+        return 128 + stopped[0]
+    if rc == 0:
+        log()
     return rc
+
+
+def _time_fields(times: Path):
+    """times.tsv's lines as (step, seconds, start or None, interrupted): older lines have no start."""
+    if times.exists():
+        for _, line in iter_lines(str(times)):
+            step, seconds, *rest = line.split("\t") + ["", ""]
+            try:
+                yield step, float(seconds), (float(rest[0]) if rest[0] else None), rest[1] == "interrupted"
+            except ValueError:
+                raise ValueError(f"{times}: not STEP<TAB>seconds[<TAB>start[<TAB>interrupted]]: {line!r}") from None
+
+
+def wall_seconds(times: Path) -> tuple[float, float, int, int] | None:
+    """The wall time of a run's logged steps: (seconds in which at least one step ran, the union of
+    their [start, start + seconds] intervals; the steps' seconds summed; how many steps; how many of
+    them were interrupted), or None when no line has a start. Steps that `make -j` runs side by side
+    count once; time in which no step ran (between sittings) does not count. An interrupted step's
+    time counts: what a resumed step (a tuning's --continue) did before is then in the sum, and
+    what a step run again from its start repeats is in it twice."""
+    rows = [(start, start + seconds, cut) for _, seconds, start, cut in _time_fields(times) if start is not None]
+    if not rows:
+        return None
+    spans = sorted((a, b) for a, b, _ in rows)
+    union, (lo, hi) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > hi:
+            union, lo, hi = union + hi - lo, a, b
+        else:
+            hi = max(hi, b)
+    return union + hi - lo, sum(b - a for a, b in spans), len(spans), sum(cut for *_, cut in rows)
 
 
 def step_time_rows(path: Path) -> list[str]:
@@ -72,15 +125,11 @@ def step_time_rows(path: Path) -> list[str]:
 
 
 def step_minutes(times: Path) -> dict[str, list[float]]:
-    """times.tsv's minutes per step: STEP -> [minutes of each run of it], in the file's order."""
+    """times.tsv's minutes per step: STEP -> [minutes of each complete run of it], in the file's order."""
     steps: dict[str, list[float]] = {}
-    if times.exists():
-        for _, line in iter_lines(str(times)):
-            step, _, seconds = line.partition("\t")
-            try:
-                steps.setdefault(step, []).append(float(seconds) / 60)
-            except ValueError:
-                raise ValueError(f"{times}: not STEP<TAB>seconds: {line!r}") from None
+    for step, seconds, _, interrupted in _time_fields(times):
+        if not interrupted:
+            steps.setdefault(step, []).append(seconds / 60)
     return steps
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -819,9 +820,41 @@ def test_timed_logs_successful_steps_only(tmp_path):
     bad = subprocess.run([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "lm", "--",
                           sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True)
     assert bad.returncode == 3
-    step, seconds = times.read_text().split("\t")
-    assert step == "align" and float(seconds) >= 0
+    step, seconds, start = times.read_text().split("\t")
+    assert step == "align" and float(seconds) >= 0 and abs(float(start) - time.time()) < 60
     assert runs.step_time_rows(times)[0].startswith("| align | 1 | 0.0 |")
+
+
+def test_an_interrupted_step_logs_its_time_as_interrupted(tmp_path):
+    times = tmp_path / "times.tsv"
+    p = subprocess.Popen([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "tune-rnn", "--",
+                          sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline() == "up\n"
+    p.terminate()
+    assert p.wait(timeout=30) == 128 + 15
+    step, seconds, start, mark = times.read_text().rstrip("\n").split("\t")
+    assert (step, mark) == ("tune-rnn", "interrupted") and float(seconds) < 30
+    assert runs.wall_seconds(times)[2:] == (1, 1) and runs.step_minutes(times) == {}
+
+
+def test_wall_time_counts_overlapping_steps_once_and_gaps_not_at_all(tmp_path):
+    times = tmp_path / "times.tsv"
+    times.write_text("prepare\t5.0\n"                # an older line: no start, not in the wall time
+                     "lm\t100.0\t1000\n"              # 1000-1100
+                     "align\t50.0\t1050\n"            # 1050-1100, beside lm: counted once
+                     "phrases\t30.0\t1090\n"          # 1090-1120: 20 s past lm
+                     "tune-baseline\t60.0\t5000\n")   # after a gap (another sitting): 60 s
+    assert runs.wall_seconds(times) == (180.0, 240.0, 4, 0)
+    assert runs.step_minutes(times)["prepare"] == [5.0 / 60]
+    with times.open("a") as f:
+        f.write("tune-rnn\t40.0\t5100\tinterrupted\n")   # a sitting's end: in the wall time, not the medians
+    assert runs.wall_seconds(times) == (220.0, 280.0, 5, 1)
+    assert "tune-rnn" not in runs.step_minutes(times)
+    assert runs.wall_seconds(tmp_path / "none.tsv") is None
+    times.write_text("lm\tslow\t1000\n")
+    with pytest.raises(ValueError, match="times.tsv: not STEP"):
+        runs.step_minutes(times)
 
 
 def test_report_plots_dev_bleu_per_mert_iteration(tmp_path):
