@@ -137,7 +137,7 @@ def main():
                    "the held-out sentences: text of the test's domain, such as the tuning set.")
 @click.option("--epoch-ngrams", type=click.IntRange(min=1), help="N-grams per epoch [one pass over the corpus].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
-              help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, --dtype auto (see README).")
+              help="paper: 256 n-grams per update, float32. fast: 1,024 n-grams, --dtype auto (docs/training.md, Precision).")
 @click.option("--batch-size", type=click.IntRange(min=1), help="N-grams per update [fast 1024, paper 256].")
 @click.option("--dtype", type=click.Choice(["auto", "bf16", "fp32"]),
               help="auto: on a CPU with native bfloat16, the faster of bfloat16 autocast and float32 on the run's "

@@ -141,7 +141,9 @@ class Trainer(ABC):
                 raise UserError(f"{e}; the run in {model_dir} computes in {cfg.dtype}: resume it with --dtype fp32 "
                                 f"to go on in float32") from None
             raise
+        self.made_dir = False  # this run made model_dir: a run that fails before writing to it removes it
         if self.dist.is_main:
+            self.made_dir = not os.path.isdir(model_dir)
             os.makedirs(model_dir, exist_ok=True)
             if overwrite:  # the checkpoint first: a run stopped here leaves nothing to resume by mistake
                 for name in (modeldir.CHECKPOINT, modeldir.CONFIG, modeldir.WEIGHTS):
@@ -245,6 +247,13 @@ class Trainer(ABC):
         """Train to the end (steps, minutes or patience), leave the process group, return the summary."""
         try:
             return self._run()
+        except BaseException:
+            if self.made_dir:  # bad data, say: leave no empty model folder behind
+                try:
+                    os.rmdir(self.model_dir)  # only if empty: what the run wrote stays
+                except OSError:
+                    pass
+            raise
         finally:
             self.dist.stop()
 

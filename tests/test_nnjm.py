@@ -171,6 +171,7 @@ def test_cli_train_on_a_bad_alignment_is_one_line(tmp_path, corpus):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
     assert f"{bad}:7: alignment pair '99-0': source index 99 out of range" in r.stderr
+    assert not (tmp_path / "m").exists()  # no empty model folder left behind
 
 
 # -- configuration --------------------------------------------------------------------------------------------

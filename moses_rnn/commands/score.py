@@ -43,7 +43,7 @@ def default_output(table: str, suffix: str = "rnn") -> str:
 @fail_cleanly
 def score(table, model_dir, output, normalize, unknown, device, dtype, threads, workers, window, token_budget,
           max_phrase_words, quiet):
-    """Append log p(target | source) (as e^value, see README) to every line of TABLE.
+    """Append log p(target | source) (as e^value, see docs/score-table.md) to every line of TABLE.
 
     Sharded over processes or machines with torchrun, e.g.
     `torchrun --nproc-per-node 2 $(which moses-rnn) score TABLE -m MODEL -o OUT` (docs/scoring.md).

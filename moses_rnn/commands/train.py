@@ -35,7 +35,7 @@ from ..networks import ARCHS, PRESET_NAMES
               help="Tokenized source and target text to learn the units on [the table's distinct phrases].")
 @click.option("--recipe", default="fast", show_default=True, type=click.Choice(["fast", "paper"]),
               help="paper: Cho et al.'s training exactly (64 pairs, Adadelta, full softmax, float32). fast: 128 "
-                   "equal-length pairs, Adam, sampled softmax, --dtype auto (see README).")
+                   "equal-length pairs, Adam, sampled softmax, --dtype auto (docs/training.md, Precision).")
 @click.option("--max-steps", type=click.IntRange(min=0),
               help="Stop after this many updates in all. The budget is what you give: --max-steps, --max-minutes "
                    "or both (the first reached stops); there is no default limit.")
