@@ -59,33 +59,25 @@ def pooled_outputs(work: Path, system: str, tuner: str) -> list[list[str]]:
 def timed(times: str, step: str, command: list[str]) -> int:
     """Run `command` (stdin, stdout and stderr inherited) and append "STEP<TAB>seconds<TAB>start"
     to `times` (start: seconds since the epoch, for the run's wall time, `wall_seconds`) when it
-    succeeds. Stopped by SIGTERM, SIGINT or SIGHUP (make interrupted, a sitting ended), it passes
-    the signal on, waits for the command, and logs the time spent with a fourth field,
-    "interrupted": that time counts in the wall time, not in the step's medians. Returns the
-    command's status (128 + the signal when interrupted)."""
+    succeeds. When SIGTERM, SIGINT or SIGHUP reaches the process group (Ctrl-C, the group killed at
+    a sitting's end), the command gets it as this process does; this one waits for the command to
+    finish its own clean-up and logs the time spent with a fourth field, "interrupted": that time
+    counts in the wall time, not in the step's medians. Returns the command's status (128 + the
+    signal when interrupted)."""
     start, wall_start = time.monotonic(), time.time()
-
-    def log(mark: str = "") -> None:
-        with open(times, "a", encoding="utf-8") as f:  # one short line: an atomic append
-            f.write(f"{step}\t{time.monotonic() - start:.1f}\t{wall_start:.0f}{mark}\n")
-
-    proc = subprocess.Popen(command)
     stopped: list[int] = []
 
-    def stop(signum, _frame):  # only pass the signal on: the wait below returns once the command ends
-        if not stopped:
-            stopped.append(signum)
-            proc.send_signal(signum)  # make passes it to the whole group; a lone kill of this process too
+    def stop(signum, _frame):  # not passed on: a second signal could cut short the command's clean-up
+        stopped.append(signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    rc = proc.wait()
-    if stopped:
-        log("\tinterrupted")
-        return 128 + stopped[0]
-    if rc == 0:
-        log()
-    return rc
+    rc = subprocess.call(command)
+    mark = "\tinterrupted" if stopped else ""
+    if rc == 0 or stopped:
+        with open(times, "a", encoding="utf-8") as f:  # one short line: an atomic append
+            f.write(f"{step}\t{time.monotonic() - start:.1f}\t{wall_start:.0f}{mark}\n")
+    return 128 + stopped[0] if stopped else rc
 
 
 def _time_fields(times: Path):

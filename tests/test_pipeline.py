@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -829,9 +830,9 @@ def test_an_interrupted_step_logs_its_time_as_interrupted(tmp_path):
     times = tmp_path / "times.tsv"
     p = subprocess.Popen([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "tune-rnn", "--",
                           sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert p.stdout.readline() == "up\n"
-    p.terminate()
+    os.killpg(p.pid, signal.SIGTERM)  # the group, as Ctrl-C or a sitting's end reaches it
     assert p.wait(timeout=30) == 128 + 15
     step, seconds, start, mark = times.read_text().rstrip("\n").split("\t")
     assert (step, mark) == ("tune-rnn", "interrupted") and float(seconds) < 30
