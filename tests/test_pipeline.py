@@ -831,9 +831,14 @@ def test_an_interrupted_step_logs_its_time_as_interrupted(tmp_path):
     p = subprocess.Popen([sys.executable, str(PIPE / "mt.py"), "timed", str(times), "tune-rnn", "--",
                           sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
                          stdout=subprocess.PIPE, text=True, start_new_session=True)
-    assert p.stdout.readline() == "up\n"
-    os.killpg(p.pid, signal.SIGTERM)  # the group, as Ctrl-C or a sitting's end reaches it
-    assert p.wait(timeout=30) == 128 + 15
+    try:
+        assert p.stdout.readline() == "up\n"
+        os.killpg(p.pid, signal.SIGTERM)  # the group, as Ctrl-C or a sitting's end reaches it
+        assert p.wait(timeout=30) == 128 + 15
+    finally:  # nothing left running if the step did not stop
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     step, seconds, start, mark = times.read_text().rstrip("\n").split("\t")
     assert (step, mark) == ("tune-rnn", "interrupted") and float(seconds) < 30
     assert runs.wall_seconds(times)[2:] == (1, 1) and runs.step_minutes(times) == {}
