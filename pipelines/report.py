@@ -64,7 +64,7 @@ def write_report(args) -> None:
     """Table 1: per system, dev and test BLEU as mean ± sd over its tunings (runs); the test gain over
     the baseline per tuning (run K against the baseline's run K) with the paired bootstrap p-value of
     each, and approximate randomization and a bootstrap over all tunings of both systems together
-    (significance.py); with --pairs, the same against the system each one extends;
+    (significance.py); with --pairs, the same against the system each one extends or is compared with;
     the health of every tuning; the networks, perplexities and step times."""
     work = Path(args.work)
     tuning = args.tuning or tuning_name(args.tuner, args.restarts, args.tuner_args)
@@ -110,7 +110,7 @@ def write_report(args) -> None:
               "which also counts a whole tuning's luck as chance (the stricter of the two). "
               "p < 0.05: the difference is significant."]
     if extended:
-        lines += ["", "Against the system each one extends (the same tests):", "",
+        lines += ["", "Against the system each one extends, or the one it is compared with (the same tests):", "",
                   "| Models | against | test gain per tuning | p per tuning | p all tunings (AR) "
                   "| p all tunings (bootstrap) |", "|---|---|---|---|---:|---:|", *extended]
     if signature:
