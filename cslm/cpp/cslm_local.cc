@@ -172,12 +172,42 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
 #define CSLM_ADD_BODY \
   for (size_t i = 0; i < n; ++i) y[i] += x[i];
 
-#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W)                                                             \
+// y[0..n) = relu(init + x_0 + x_1 + ... + x_{k-1}), summed in that order: a
+// first layer (b_1 and the premultiplied rows) in one pass, y written once.
+#define CSLM_SUM_RELU_BODY(V, VU, W)                                      \
+  const V zero = V{};                                                     \
+  size_t i = 0;                                                           \
+  for (; i + (W) <= n; i += (W)) {                                        \
+    V acc = *reinterpret_cast<const VU*>(init + i);                       \
+    for (size_t r = 0; r < k; ++r) acc += *reinterpret_cast<const VU*>(x[r] + i); \
+    *reinterpret_cast<VU*>(y + i) = acc > zero ? acc : zero;              \
+  }                                                                       \
+  for (; i < n; ++i) {                                                    \
+    float acc = init[i];                                                  \
+    for (size_t r = 0; r < k; ++r) acc += x[r][i];                        \
+    y[i] = acc > 0.0f ? acc : 0.0f;                                       \
+  }
+
+// y[0..n) = max(y, 0), without a branch per element (a rectified unit is
+// positive about half the time: a branch would be mispredicted as often)
+#define CSLM_RELU_BODY(V, VU, W)                                          \
+  const V zero = V{};                                                     \
+  size_t i = 0;                                                           \
+  for (; i + (W) <= n; i += (W)) {                                        \
+    const V v = *reinterpret_cast<const VU*>(y + i);                      \
+    *reinterpret_cast<VU*>(y + i) = v > zero ? v : zero;                  \
+  }                                                                       \
+  for (; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+
+#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W)                                                            \
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
                                const float* __restrict val, size_t nnz, const float* __restrict bias,    \
                                float* __restrict y) { CSLM_GEMV_BODY(V, VU, W) }                          \
-  ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }
+  ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }     \
+  ATTR void SumRelu##SUFFIX(size_t n, const float* const* __restrict x, size_t k,                        \
+                            const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
+  ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }
 
 CSLM_KERNELS(Base, , Vec4, Vec4u, 4)
 #if CSLM_DISPATCH
@@ -189,6 +219,8 @@ struct Kernels {
   float (*dot)(size_t, const float*, const float*);
   void (*gemv)(const float*, size_t, const uint32_t*, const float*, size_t, const float*, float*);
   void (*add)(size_t, const float*, float*);
+  void (*sum_relu)(size_t, const float* const*, size_t, const float*, float*);
+  void (*relu)(size_t, float*);
   const char* name;
 };
 
@@ -196,25 +228,21 @@ Kernels PickKernels() {
 #if CSLM_DISPATCH
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
-    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, "avx512"};
+    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, "avx512"};
     return k;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, "avx2"};
+    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, "avx2"};
     return k;
   }
 #endif
-  Kernels k = {DotBase, SparseGemvBase, AddBase, "baseline"};
+  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, ReluBase, "baseline"};
   return k;
 }
 
 const Kernels& K() {
   static const Kernels kernels = PickKernels();
   return kernels;
-}
-
-void Relu(size_t n, float* x) {
-  for (size_t i = 0; i < n; ++i) x[i] = x[i] > 0 ? x[i] : 0;
 }
 
 }  // namespace
@@ -358,29 +386,30 @@ LocalModel::LocalModel(const std::string& dir)
 const char* LocalModel::Kernels() { return K().name; }
 
 void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) const {
-  const size_t V = words_.size();
+  const size_t V = words_.size(), C = order_ - 1;
+  const float* rows[65];  // order <= 64 (checked at load): the history's rows and the source window's sum
+  for (size_t p = 0; p < C; ++p) rows[p] = &table_[(p * V + history[p]) * h1_];
+  size_t k = C;
+  if (window_) rows[k++] = SourceSum(history + C, scratch);
   std::vector<float>& a = scratch->a;
-  a.assign(b1_.begin(), b1_.end());
-  const size_t C = order_ - 1;
-  for (size_t p = 0; p < C; ++p) {  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
-    K().add(h1_, &table_[(p * V + history[p]) * h1_], &a[0]);
-  }
-  if (window_) K().add(h1_, SourceSum(history + C, scratch), &a[0]);
-  Relu(h1_, &a[0]);
+  a.resize(h1_);
+  K().sum_relu(h1_, rows, k, &b1_[0], &a[0]);  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
   std::vector<float>& b = scratch->b;
+  std::vector<float>& val = scratch->val;
   std::vector<uint32_t>& idx = scratch->idx;
-  for (size_t k = 0; k < layers_.size(); ++k) {  // h_k = relu(W_k h_{k-1} + b_k)
-    const Layer& L = layers_[k];
+  for (size_t l = 0; l < layers_.size(); ++l) {  // h_k = relu(W_k h_{k-1} + b_k)
+    const Layer& L = layers_[l];
     idx.resize(L.in);
+    val.resize(L.in);
     size_t nnz = 0;
     for (size_t i = 0; i < L.in; ++i) {  // rectified zeros cost nothing: keep the others, packed
       idx[nnz] = static_cast<uint32_t>(i);
-      a[nnz] = a[i];
+      val[nnz] = a[i];
       nnz += a[i] != 0;
     }
     b.resize(L.out);
-    K().gemv(&L.wt[0], L.out, &idx[0], &a[0], nnz, &L.bias[0], &b[0]);
-    Relu(L.out, &b[0]);
+    K().gemv(&L.wt[0], L.out, &idx[0], &val[0], nnz, &L.bias[0], &b[0]);
+    K().relu(L.out, &b[0]);
     a.swap(b);
   }
   std::memcpy(h, &a[0], hidden_size() * sizeof(float));

@@ -65,7 +65,7 @@ class LocalModel {
   // hidden layers are computed once and each n-gram costs one output row.
   struct Scratch {
     explicit Scratch(size_t history_slots = 4096) : slots(history_slots), hits(0), misses(0) {}
-    std::vector<float> a, b, h;
+    std::vector<float> a, b, h, val;
     std::vector<uint32_t> idx;
     size_t slots;                  // 0: no history cache
     std::vector<uint32_t> keys;    // slots x (row_size-1) ids; keys[slot*(row_size-1)] == kEmpty: unused
