@@ -108,17 +108,18 @@ def shared_test_set(moses: str | None, work: str | None, sentences: int, prefix:
     return Path(moses), folder, lines, table
 
 
-def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | None) -> None:
+def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | list[str] | None) -> None:
     """The shared system's moses.ini without lexicalized reordering, absolute paths, plus the CSLM (or NNJM)
-    line, weighted 0.1 (log-probability) and -0.1 (unknown words) under its name= (CSLM0 without one)."""
+    line, or several, each weighted 0.1 (log-probability) and -0.1 (unknown words) under its name= (CSLM0
+    without one)."""
     features = ["UnknownWordPenalty", "WordPenalty", "PhrasePenalty",
                 f"PhraseDictionaryMemory name=TranslationModel0 num-features=4 path={table} input-factor=0 output-factor=0",
                 "Distortion", f"KENLM name=LM0 factor=0 path={lm.resolve()} order=5"]
     weights = ["UnknownWordPenalty0= 1", "WordPenalty0= -1", "PhrasePenalty0= 0.2",
                "TranslationModel0= 0.2 0.2 0.2 0.2", "Distortion0= 0.3", "LM0= 0.5"]
-    if cslm_line:
-        features.append(cslm_line)
-        name = next((w[5:] for w in cslm_line.split() if w.startswith("name=")), "CSLM0")
+    for line in [cslm_line] if isinstance(cslm_line, str) else cslm_line or []:
+        features.append(line)
+        name = next((w[5:] for w in line.split() if w.startswith("name=")), "CSLM0")
         weights.append(f"{name}= 0.1 -0.1")
     path.write_text("[input-factors]\n0\n\n[mapping]\n0 T 0\n\n[distortion-limit]\n6\n\n[feature]\n"
                     + "\n".join(features) + "\n\n[weight]\n" + "\n".join(weights) + "\n")

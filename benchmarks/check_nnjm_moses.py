@@ -110,9 +110,9 @@ def refusal(moses: Path, ini: Path, line: str, expect: str) -> dict:
     return {"exit": r.returncode, "message": message, "ok": r.returncode != 0 and message is not None}
 
 
-def timing(moses, ini_base, ini_nnjm, lines, repeats) -> dict:
-    """One thread, cube pruning: seconds per sentence with and without the feature, loading (an empty
-    input's run) taken out, runs alternated, medians."""
+def timing(moses, inis: dict[str, Path], lines, repeats) -> dict:
+    """One thread, cube pruning: seconds per sentence of each moses.ini in `inis` (the first the
+    baseline), loading (an empty input's run) taken out, runs alternated, medians; each against the first."""
     def run(ini, text):
         t = time.perf_counter()
         r = subprocess.run([str(moses / "bin" / "moses"), "-f", str(ini), "-threads", "1", *PIPELINE_FLAGS],
@@ -122,26 +122,28 @@ def timing(moses, ini_base, ini_nnjm, lines, repeats) -> dict:
         return time.perf_counter() - t
 
     text = "\n".join(lines) + "\n"
-    times: dict = {"base": [], "nnjm": [], "base_load": [], "nnjm_load": []}
+    times: dict = {name: [] for name in inis}
+    loads: dict = {name: [] for name in inis}
     try:
         for _ in range(repeats):
-            for name, ini in (("base", ini_base), ("nnjm", ini_nnjm)):
-                times[f"{name}_load"].append(run(ini, ""))
+            for name, ini in inis.items():
+                loads[name].append(run(ini, ""))
                 times[name].append(run(ini, text))
     except RuntimeError as e:
         return {"ok": False, "error": str(e)}
-    med = {k: float(np.median(v)) for k, v in times.items()}
-    base = (med["base"] - med["base_load"]) / len(lines)
-    nnjm = (med["nnjm"] - med["nnjm_load"]) / len(lines)
-    return {"sentences": len(lines), "repeats": repeats, "baseline_s_per_sentence": round(base, 4),
-            "nnjm_s_per_sentence": round(nnjm, 4), "ratio": round(nnjm / base, 2),
-            "load_s": {"baseline": round(med["base_load"], 2), "nnjm": round(med["nnjm_load"], 2)}, "ok": True}
+    per = {name: (float(np.median(times[name])) - float(np.median(loads[name]))) / len(lines) for name in inis}
+    first = next(iter(inis))
+    return {"sentences": len(lines), "repeats": repeats,
+            "s_per_sentence": {name: round(v, 4) for name, v in per.items()},
+            "ratio": {name: round(v / per[first], 2) for name, v in per.items() if name != first},
+            "load_s": {name: round(float(np.median(v)), 2) for name, v in loads.items()}, "ok": True}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="a joint model (`cslm train TARGET --source SOURCE --alignment ALIGN`)")
-    ap.add_argument("--plain", help="a target-only CSLM, for the refusal checks (skipped without one)")
+    ap.add_argument("--plain", help="a target-only CSLM, for the refusal checks and the decoding time with both "
+                    "models (skipped without one)")
     ap.add_argument("--moses", default=os.environ.get("MOSES"))
     ap.add_argument("--sentences", type=int, default=30)
     ap.add_argument("--tolerance", type=float, default=1e-3)
@@ -182,7 +184,12 @@ def main() -> None:
     if args.repeats:
         base = work / "baseline.ini"
         moses_ini(base, table, LM, None)
-        report["decode_time"] = timing(moses, base, ini, lines, args.repeats)
+        inis = {"baseline": base, "nnjm": ini}
+        if args.plain:  # the joint model and the CSLM together, both in process
+            both = work / "nnjm-cslm.ini"
+            moses_ini(both, table, LM, [line, f"CSLM name=CSLM0 path={os.path.abspath(args.plain)}"])
+            inis["nnjm_and_cslm"] = both
+        report["decode_time"] = timing(moses, inis, lines, args.repeats)
 
     finish_check(report)
 

@@ -59,6 +59,9 @@ def test_moses_ini_adds_the_cslm_line_and_its_weights(bench, tmp_path):
     bench.moses_ini(ini, tmp_path / "t.gz", tmp_path / "lm.arpa.gz", "CSLM name=CSLM0 path=m port=1")
     text = ini.read_text()
     assert "\nCSLM name=CSLM0 path=m port=1\n" in text and "CSLM0= 0.1 -0.1" in text
+    bench.moses_ini(ini, tmp_path / "t.gz", tmp_path / "lm.arpa.gz", ["NNJM name=NNJM0 path=j", "CSLM path=m"])
+    text = ini.read_text()  # several lines: each feature and its weights, in order
+    assert "\nNNJM name=NNJM0 path=j\nCSLM path=m\n" in text and "NNJM0= 0.1 -0.1\nCSLM0= 0.1 -0.1" in text
 
 
 def _run(tmp_path, *args):
