@@ -461,6 +461,33 @@ def test_prepare_and_align_on_a_slice(tmp_path, shared_data):
     assert "Nothing to be done" in r.stdout or "is up to date" in r.stdout
 
 
+def test_a_corpus_copied_again_leaves_the_work_folder_up_to_date(tmp_path):
+    """New time stamps on the same raw text: nothing to do, and a dry run says so; new text: prepared again."""
+    data = tmp_path / "corpora"
+    data.mkdir()
+    for name in ("train", "dev", "test"):
+        (data / f"{name}.en").write_text("Hello, world.\nThe cat sat.\n", encoding="utf-8")
+        (data / f"{name}.fr").write_text("Bonjour, le monde.\nLe chat était assis.\n", encoding="utf-8")
+    args = dict(WORK=str(tmp_path / "w"), DATA=str(data))
+    r = _make("prepare", **args)
+    assert r.returncode == 0, r.stderr
+    prepared = tmp_path / "w" / "data" / "train.fr"
+    stamp = prepared.stat().st_mtime_ns
+    later = time.time() + 5
+    for f in data.iterdir():  # copied again: the same text, newer than everything prepared
+        f.write_bytes(f.read_bytes())
+        os.utime(f, (later, later))
+    assert _make("-q", "prepare", **args).returncode == 0
+    r = _make("-n", "prepare", **args)
+    assert "mt.py prepare" not in r.stdout, r.stdout
+    assert _make("prepare", **args).returncode == 0 and prepared.stat().st_mtime_ns == stamp
+    (data / "train.fr").write_text("Bonjour.\nLe chat.\n", encoding="utf-8")  # new text is prepared again
+    assert _make("-q", "prepare", **args).returncode != 0
+    assert _make("prepare", **args).returncode == 0
+    assert prepared.read_text(encoding="utf-8") == "bonjour .\nle chat .\n"
+    assert _make("-q", "prepare", **args).returncode == 0
+
+
 def test_prepare_keeps_an_unchanged_output_and_its_time(tmp_path):
     """A corpus copied again (new time stamp, same text) must not make every later step out of date."""
     corpus = tmp_path / "c"
