@@ -109,9 +109,12 @@ def main(argv=None) -> None:
     a.add_argument("--seed", type=int, default=1)
     a.add_argument("--restarts", type=int, default=20)
     a.add_argument("--positive", default="", help="features whose weights stay above 0 (mert -P)")
+    a.add_argument("--free", default="", help="the features whose weights may move, by spaces (mert -o); "
+                   "the others keep the tuned ones (default: all move)")
     a.add_argument("-o", "--output", required=True)
     a.set_defaults(fn=lambda a: rerank.tune(a.nbest, a.ref, a.ini, a.moses, a.output, seed=a.seed,
-                                               positive=a.positive.split(), restarts=a.restarts))
+                                               positive=a.positive.split(), restarts=a.restarts,
+                                               free=a.free.split() or None))
     a = sub.add_parser("rerank", help="each sentence's best hypothesis of a rescored n-best list")
     a.add_argument("nbest")
     a.add_argument("weights")

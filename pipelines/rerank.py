@@ -5,7 +5,8 @@ hypothesis of each sentence under them.
 decoded, merged by `mt.py nbest-top`, plus the network's feature from
 `moses-rnn rescore-nbest`): `extractor` turns the list into feature and BLEU-statistics
 files, `mert` (Och 2003; the pipeline's tuner) searches the weights from the tuned ones
-with the new feature at 0, `-r SEED` and 20 random restarts. `rerank` picks each
+with the new feature at 0, `-r SEED` and 20 random restarts; with `free`, only the named
+features' weights move (mert's `-o`), the others keep the tuning's. `rerank` picks each
 sentence's best hypothesis under those weights. The weights file has one `NAME_i value`
 line per score, named as `extractor` names them.
 """
@@ -46,9 +47,10 @@ def starting_weights(ini: str, names: list[str]) -> list[float]:
 
 
 def tune(nbest_path: str, reference: str, ini: str, moses: str, output: str, seed: int = 1,
-         positive: list[str] | None = None, restarts: int = 20) -> dict[str, float]:
+         positive: list[str] | None = None, restarts: int = 20, free: list[str] | None = None) -> dict[str, float]:
     """Weights for the features of the rescored n-best list `nbest_path` that maximise the BLEU of its
-    1-best (extractor + mert of Moses at `moses`); written to `output`, also returned."""
+    1-best (extractor + mert of Moses at `moses`); written to `output`, also returned. `free`: the
+    features (names as in moses.ini) whose weights may move; None, all."""
     with tempfile.TemporaryDirectory(prefix="rerank-") as tmp:
         scores, features = os.path.join(tmp, "scores.dat"), os.path.join(tmp, "features.dat")
         _run([f"{moses}/bin/extractor", "--sctype", "BLEU", "--scconfig", "case:true", "--scfile", scores,
@@ -68,6 +70,12 @@ def tune(nbest_path: str, reference: str, ini: str, moses: str, output: str, see
         kept = [n for n in names if any(n.startswith(f"{p}_") for p in positive or [])]
         if kept:
             command += ["-P", ",".join(kept)]
+        if free is not None:
+            moving = [n for n in names if n.rpartition("_")[0] in free]
+            if not moving:
+                raise UserError(f"{nbest_path}: none of the features {', '.join(free)} is in the list "
+                                f"(it has {', '.join(sorted({n.rpartition('_')[0] for n in names}))})")
+            command += ["-o", ",".join(moving)]
         _run(command, tmp)
         values = Path(tmp, "weights.txt").read_text().split()
     if len(values) != len(names):

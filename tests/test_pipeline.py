@@ -188,6 +188,7 @@ def test_dry_run_reranked_systems(tmp_path):
             f"/opt/mosesdecoder --seed 2 --positive \"LexicalReordering0 TranslationModel0\"") in plan
     assert f"mt.py rerank {run}/$set.nbest.rnn.gz {run}/weights.txt --source {w}/data/$set.en" in plan
     assert plan.count("mt.py rerank-tune") == 3 and "rnn-rerank" not in plan  # RERANKED: those named
+    assert "--free" not in plan
     assert '--systems "baseline rnn baseline-rerank"' in plan
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_NBEST=300", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
@@ -196,6 +197,9 @@ def test_dry_run_reranked_systems(tmp_path):
               WORK=str(w), DATA=str(tmp_path / "no-data"))  # the one list the kept weights decoded
     assert f"mt.py nbest-top {base}/mert/run$best.best300.out.gz 100 -o {run}/dev.nbest.gz" in r.stdout
     assert f"mt.py best-iteration {base}/mert.log" in r.stdout
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_FREE=RNN0 WordPenalty0",
+              MOSES="/opt/mosesdecoder", WORK=str(w), DATA=str(tmp_path / "no-data"))  # only these weights move
+    assert f'--free "RNN0 WordPenalty0" -o {run}/weights.txt' in r.stdout
     r = _make("-n", "BUDGET=1", "RERANK_DEV=some", MOSES="/opt/mosesdecoder", WORK=str(w), DATA=str(tmp_path / "no-data"))
     assert r.returncode != 0 and "RERANK_DEV must be all or kept, not some" in r.stderr
     for bad in ("301", "0", "many"):
@@ -383,6 +387,15 @@ def test_rerank_tunes_with_moses_and_picks_the_best_hypotheses(tmp_path):
     assert args[args.index("-d") + 1] == "4" and args[args.index("-r") + 1] == "3"
     assert args[args.index("-P") + 1] == "TM0_0,TM0_1"
     # LM0 -2*.1 + TM0 -.2 -.9 + RNN -2 = -3.3 against -.1 -.4 -.9 -3.6 = -5.0: "a b"; sentence 1 has no list
+    os.environ["OUT"] = str(tmp_path / "free")
+    try:  # the network's weight alone moves (mert -o); a feature the list lacks is one line
+        rerank.tune(str(nbest), "ref", str(ini), str(moses), str(tmp_path / "w2.txt"), free=["RNN0"])
+        with pytest.raises(UserError, match="none of the features WP0 is in the list .it has LM0, RNN0, TM0"):
+            rerank.tune(str(nbest), "ref", str(ini), str(moses), str(tmp_path / "w3.txt"), free=["WP0"])
+    finally:
+        del os.environ["OUT"]
+    args = (tmp_path / "free.args").read_text().split()
+    assert args[args.index("-o") + 1] == "RNN0_0" and "-o" not in (tmp_path / "mert.args").read_text().split()
     assert rerank.rerank(str(nbest), weights, 3) == ["a b", "", "d"]
     assert rerank.rerank(str(nbest), {"RNN0_0": -1.0}, 3)[0] == "a c"
     with pytest.raises(UserError, match="nbest:3: sentence id 2, but only 2"):
