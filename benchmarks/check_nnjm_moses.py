@@ -1,6 +1,7 @@
 """Check the joint-model scores Moses computes against `cslm score` (not run by CI: needs a Moses).
 
-    MOSES=/path/to/mosesdecoder python benchmarks/check_nnjm_moses.py NNJM_MODEL_DIR [--sentences 30]
+    MOSES=/path/to/mosesdecoder python benchmarks/check_nnjm_moses.py NNJM_MODEL_DIR [--plain CSLM_DIR]
+        [--sentences 30] [--repeats 3]
 
 Decodes the first --sentences of newstest2013 with the shared system plus the NNJM feature
 (cslm/moses/NNJM.h, in process: ln P and the unknown-word count), a 10-best list per sentence with
@@ -12,8 +13,8 @@ decoder uses (`cslm.data.decoder_affiliations`: the training rule inside each ph
 `cslm rescore-nbest --source` on Moses's own list (cube pruning). Then
 the refusals: a plain CSLM on an NNJM line, the joint model on a CSLM line, a wrong order= or
 source_window=: Moses stops at load with the feature's one-line message. Also times the decode with
-and without the feature (one thread, cube pruning, loading taken out). Prints a JSON report; exit
-status 1 if any check fails.
+and without the feature, and with --plain CSLM beside it as well (one thread, cube pruning, loading
+taken out; targets 3x and 5x the baseline). Prints a JSON report; exit status 1 if any check fails.
 """
 
 from __future__ import annotations
