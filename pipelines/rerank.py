@@ -34,15 +34,20 @@ def read_weights(path: str) -> dict[str, float]:
     return weights
 
 
+def feature_of(name: str) -> str:
+    """The moses.ini feature of a score named as `extractor` names it: `LM0_0` -> `LM0`."""
+    return name.rpartition("_")[0]
+
+
 def starting_weights(ini: str, names: list[str]) -> list[float]:
     """The weight of each `NAME_i` in moses.ini `ini` (a feature it does not weigh starts at 0)."""
     cfg = MosesIni.read(ini)
     known = set(cfg.weight_names())
     out = []
     for name in names:
-        feature, _, index = name.rpartition("_")
+        feature, index = feature_of(name), int(name.rpartition("_")[2])
         values = cfg.weights(feature) if feature in known else None
-        out.append(values[int(index)] if values and int(index) < len(values) else 0.0)
+        out.append(values[index] if values and index < len(values) else 0.0)
     return out
 
 
@@ -67,14 +72,14 @@ def tune(nbest_path: str, reference: str, ini: str, moses: str, output: str, see
             f.write(" ".join("1" for _ in names) + "\n")
         command = [f"{moses}/bin/mert", "-d", str(len(names)), "-r", str(seed), "-n", str(restarts), "--sctype",
                    "BLEU", "--scconfig", "case:true", "--scfile", scores, "--ffile", features, "--ifile", "init.opt"]
-        kept = [n for n in names if any(n.startswith(f"{p}_") for p in positive or [])]
+        kept = [n for n in names if feature_of(n) in (positive or [])]
         if kept:
             command += ["-P", ",".join(kept)]
         if free is not None:
-            moving = [n for n in names if n.rpartition("_")[0] in free]
+            moving = [n for n in names if feature_of(n) in free]
             if not moving:
                 raise UserError(f"{nbest_path}: none of the features {', '.join(free)} is in the list "
-                                f"(it has {', '.join(sorted({n.rpartition('_')[0] for n in names}))})")
+                                f"(it has {', '.join(sorted(set(map(feature_of, names))))})")
             command += ["-o", ",".join(moving)]
         _run(command, tmp)
         values = Path(tmp, "weights.txt").read_text().split()
