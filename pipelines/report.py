@@ -164,8 +164,9 @@ def write_report(args) -> None:
                 lines += ["", f"Dev BLEU per {args.tuner} iteration: `{Path(args.plot).name}`"]
     weights = column_weights(work, systems, tuning)
     if weights:
-        lines += ["", "Tuned weights of the network columns (and their share of the sum of all weights' absolute "
-                  "values):", "", "| Tuning | network column | share | CSLM (share) |", "|---|---:|---:|---:|", *weights]
+        lines += ["", "Tuned weights of the neural features (and their share of the sum of all weights' absolute "
+                  "values):", "", "| Tuning | network column (share) | CSLM (share) | NNJM (share) |", "|---|---:|---:|---:|",
+                  *weights]
     if args.shortlist and Path(args.shortlist).exists() and args.test_src and args.test_ref:
         count, rows = shortlist_miss_bleu(work, systems, tuning, Path(args.test_src), Path(args.test_ref),
                                           Path(args.shortlist))

@@ -35,9 +35,10 @@ def model_row(name: str, folder: Path) -> str | None:
 
 
 def column_weights(work: Path, systems: list[str], tuner: str = "mert") -> list[str]:
-    """Markdown rows: for each tuning of each system with a network column (the 5th score of
-    TranslationModel0), its tuned weight and that weight's share of the sum of all weights'
-    absolute values, and the CSLM's weight where the system has one."""
+    """Markdown rows: for each tuning of each system with a neural feature (a network column, the 5th score
+    of TranslationModel0; the CSLM, CSLM0; the joint model, NNJM0), each one's tuned weight (the feature's
+    first: its log-probability) and that weight's share of the sum of all weights' absolute values; '–'
+    where the system lacks it."""
     from moses_rnn.formats.mosesini import MosesIni
 
     rows = []
@@ -48,12 +49,12 @@ def column_weights(work: Path, systems: list[str], tuner: str = "mert") -> list[
             ini = MosesIni.read(str(run / "tuned.ini"))
             weights = {n: ini.weights(n) or [] for n in ini.weight_names()}
             tm = weights.get("TranslationModel0", [])
-            if len(tm) < 5:
+            own = [tm[4] if len(tm) >= 5 else None] + [(weights.get(f) or [None])[0] for f in ("CSLM0", "NNJM0")]
+            if all(w is None for w in own):
                 continue
             total = sum(abs(w) for ws in weights.values() for w in ws)
-            cslm = weights.get("CSLM0")
-            rows.append(f"| {label(system)} {name} | {tm[4]:.4f} | {abs(tm[4]) / total:.1%} | "
-                        f"{f'{cslm[0]:.4f} ({abs(cslm[0]) / total:.1%})' if cslm else '–'} |")
+            cells = [f"{w:.4f} ({abs(w) / total:.1%})" if w is not None else "–" for w in own]
+            rows.append(f"| {label(system)} {name} | {' | '.join(cells)} |")
     return rows
 
 

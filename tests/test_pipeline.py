@@ -647,32 +647,35 @@ def test_report_over_several_tunings_with_paired_bootstrap(tmp_path):
 
 
 def test_report_weighs_the_columns_and_scores_the_shortlist_misses(tmp_path):
-    """The tuned weight of each network column (TranslationModel0's 5th score) and of the CSLM, with
-    their shares of all weights; BLEU on the test sentences with a source word outside the RNN's shortlist
+    """The tuned weight of each network column (TranslationModel0's 5th score), of the CSLM and of the joint
+    model, with their shares of all weights; BLEU on the test sentences with a source word outside the RNN's shortlist
     alone (as sacrebleu scores those lines); both left out when the files are missing."""
     sacrebleu = pytest.importorskip("sacrebleu")
     from mtcommon.vocab import Vocabulary
 
     src = ["a b c", "a zz b", "c a", "qq"]  # lines 2 and 4 hold words outside the shortlist {a, b, c}
     ref = ["x y z w", "x y v w", "z x", "q r s t"]
-    out = {"baseline": ["x y z w", "x u v w", "z x", "q r u t"], "rnn-subword": ["x y z w", "x y v w", "z x", "q r s t"]}
+    out = {"baseline": ["x y z w", "x u v w", "z x", "q r u t"], "rnn-subword": ["x y z w", "x y v w", "z x", "q r s t"],
+           "nnjm": ["x y z w", "x y v w", "z x", "q r u t"]}
     (tmp_path / "test.en").write_text("\n".join(src) + "\n")
     (tmp_path / "test.ref").write_text("\n".join(ref) + "\n")
     Vocabulary(["</s>", "[UNK]", "a", "b", "c"]).save(str(tmp_path / "src.vocab"))
     weights = {"baseline": "TranslationModel0= 0.2 0.2 0.2 0.2\nLM0= 0.2\n",
-               "rnn-subword": "TranslationModel0= 0.1 0.1 0.1 0.1 0.1\nLM0= 0.3\nCSLM0= 0.2\n"}
+               "rnn-subword": "TranslationModel0= 0.1 0.1 0.1 0.1 0.1\nLM0= 0.3\nCSLM0= 0.2\n",
+               "nnjm": "TranslationModel0= 0.1 0.1 0.1 0.1\nLM0= 0.2\nNNJM0= 0.4 -0.1\n"}
     for system in out:
         run = tmp_path / "systems" / system / "mert-1"
         run.mkdir(parents=True)
         (run / "test.detok").write_text("\n".join(out[system]) + "\n")
         (run / "test.bleu.json").write_text(json.dumps({"name": "BLEU", "score": 1.0}))
         (run / "tuned.ini").write_text("[weight]\n" + weights[system])
-    args = [str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn-subword", "--test-ref",
+    args = [str(tmp_path), str(tmp_path / "report.md"), "--systems", "baseline rnn-subword nnjm", "--test-ref",
             str(tmp_path / "test.ref"), "--samples", "20", "--ar-samples", "20", "--test-src", str(tmp_path / "test.en")]
     mt.main(["report", *args, "--shortlist", str(tmp_path / "src.vocab")])
     text = (tmp_path / "report.md").read_text()
-    assert "| RNN, subword units mert-1 | 0.1000 | 10.0% | 0.2000 (20.0%) |" in text
-    assert "| Baseline mert-1 |" not in text  # no network column
+    assert "| RNN, subword units mert-1 | 0.1000 (10.0%) | 0.2000 (20.0%) | – |" in text
+    assert "| NNJM mert-1 | – | – | 0.4000 (36.4%) |" in text
+    assert "| Baseline mert-1 |" not in text  # no neural feature
     assert "BLEU on the 2 test sentences with a source word outside" in text
     for system, label in (("baseline", "Baseline"), ("rnn-subword", "RNN, subword units")):
         expected = sacrebleu.corpus_bleu([out[system][1], out[system][3]], [[ref[1], ref[3]]], lowercase=True).score
