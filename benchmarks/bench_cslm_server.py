@@ -8,7 +8,9 @@ n-grams (the server's ratio to it is the target's), and on batches of
 --request n-grams (one client's requests can get no more). Through the server: a `cslm serve` child process (n-gram cache off,
 so every n-gram is computed) and C concurrent connections from this process,
 each with one request of --request n-grams in flight at a time, as a decoder
-thread would. Latency: one blocking client sending requests of 1 and of 16 n-grams.
+thread would; from each run's server, the medians of its requests' latency inside it (payload read to
+reply written) and of its engine calls (one per batch). Latency: one blocking client sending requests of
+1 and of 16 n-grams.
 --self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities.
 Prints a JSON report (and writes it with --json).
 """
@@ -140,14 +142,29 @@ def main() -> None:
         "in_process_at_request_ngrams_per_s": round(in_process(engine, grams, a.request)),
     }
     del engine
-    proc, port = start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized)
-    try:
-        for c in a.clients:
+
+    def server():
+        return start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized)
+
+    for c in a.clients:  # a server of its own for each: its STATS speak of this run alone
+        proc, port = server()
+        try:
             rate = asyncio.run(through_server(port, grams, c, a.request))
-            report[f"server_{c}_clients_ngrams_per_s"] = round(rate)
-            report[f"server_{c}_clients_vs_in_process"] = round(rate / report["in_process_ngrams_per_s"], 3)
-            report[f"server_{c}_clients_vs_in_process_at_request"] = round(
-                rate / report["in_process_at_request_ngrams_per_s"], 3)
+            with Client("127.0.0.1", port) as stats_client:
+                stats = stats_client.stats()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        report[f"server_{c}_clients_ngrams_per_s"] = round(rate)
+        report[f"server_{c}_clients_vs_in_process"] = round(rate / report["in_process_ngrams_per_s"], 3)
+        report[f"server_{c}_clients_vs_in_process_at_request"] = round(
+            rate / report["in_process_at_request_ngrams_per_s"], 3)
+        # where a request's time goes: its latency in the server (payload read to reply written) and the
+        # engine's call for its batch, medians in ms
+        report[f"server_{c}_clients_request_ms_p50"] = stats["latency_ms"]["p50"]
+        report[f"server_{c}_clients_engine_ms_p50"] = stats["compute_ms"]["p50"]
+    proc, port = server()
+    try:
         for size in (1, 16):
             report[f"latency_ms_{size}_ngrams"] = latency(port, grams, size, a.latency_requests)
     finally:

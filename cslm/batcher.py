@@ -167,13 +167,20 @@ class Batcher:
         that finds the batcher `idle` (no other request to batch with, none to wait behind)."""
         self.computing = True
         try:
-            logp, flags = self.scorer(rows)
+            logp, flags, seconds = self._timed(rows)
         finally:
             self.computing = False
-        self._count(len(rows), 1)
+        self._count(len(rows), 1, seconds)
         return logp, flags
 
-    def _count(self, ngrams: int, requests: int) -> None:
+    def _timed(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """The scorer's answer for `rows`, and the seconds it took (on the thread that calls it)."""
+        t0 = time.perf_counter()
+        logp, flags = self.scorer(rows)
+        return logp, flags, time.perf_counter() - t0
+
+    def _count(self, ngrams: int, requests: int, seconds: float) -> None:
+        self.stats.computes.append(seconds)
         self.stats.batches += 1
         self.stats.batch_ngrams_total += ngrams
         self.stats.batch_ngrams_max = max(self.stats.batch_ngrams_max, ngrams)
@@ -224,9 +231,9 @@ class Batcher:
             self.computing = True
             try:
                 if total <= INLINE_ROWS:  # a thread hop would cost more than the forward pass
-                    logp, flags = self.scorer(rows)
+                    logp, flags, seconds = self._timed(rows)
                 else:
-                    logp, flags = await loop.run_in_executor(self.pool, self.scorer, rows)
+                    logp, flags, seconds = await loop.run_in_executor(self.pool, self._timed, rows)
             except Exception as e:  # surfaces as an INTERNAL error on each request
                 for r, _, _ in batch:
                     if not r.future.done():
@@ -234,7 +241,7 @@ class Batcher:
                 continue
             finally:
                 self.computing = False
-            self._count(total, len(batch))
+            self._count(total, len(batch), seconds)
             self._hand_back(batch, logp, flags)
 
     def _take(self) -> list[tuple[Request, int, int]]:

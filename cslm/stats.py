@@ -34,10 +34,9 @@ class Stats:
         self.connections_refused = 0  # new ones refused: at the limit with every connection busy
         self.connections_stalled = 0  # closed for a frame or a reply that did not move within --frame-timeout
         self.latencies: collections.deque = collections.deque(maxlen=10000)  # seconds, score requests
+        self.computes: collections.deque = collections.deque(maxlen=10000)  # seconds, the engine's, per batch
 
     def to_dict(self, cache_len: int, cache_cap: int, max_connections: int = 0, buffered: dict | None = None) -> dict:
-        lat = np.array(self.latencies) * 1e3 if self.latencies else np.zeros(1)
-        pct = {f"p{q}": round(float(np.percentile(lat, q)), 3) for q in (50, 90, 99)}
         return {
             "uptime_s": round(time.time() - self.started, 1),
             "requests": sum(self.requests.values()),
@@ -50,7 +49,9 @@ class Stats:
                 "requests_per_batch": round(self.batch_requests_total / max(self.batches, 1), 2),
             },
             "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "size": cache_len, "capacity": cache_cap},
-            "latency_ms": {**pct, "max": round(float(lat.max()), 3), "window": len(self.latencies)},
+            # a score request's, from its payload read to its reply written; of that, each batch's engine call
+            "latency_ms": _percentiles(self.latencies),
+            "compute_ms": _percentiles(self.computes),
             "errors": self.errors,
             "connections": {"open": self.connections_open, "total": self.connections_total},
             "connection_limit": {"max": max_connections, "evicted": self.connections_evicted,
@@ -58,6 +59,13 @@ class Stats:
             "stalled": self.connections_stalled,
             "buffered_bytes": buffered or {},
         }
+
+
+def _percentiles(seconds: collections.deque) -> dict:
+    """p50, p90, p99 and max in milliseconds of the last `window` values."""
+    ms = np.array(seconds) * 1e3 if seconds else np.zeros(1)
+    return {**{f"p{q}": round(float(np.percentile(ms, q)), 3) for q in (50, 90, 99)},
+            "max": round(float(ms.max()), 3), "window": len(seconds)}
 
 
 class RateLimitedLog:

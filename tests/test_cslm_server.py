@@ -201,6 +201,8 @@ def test_stats_count_a_known_sequence_exactly(engine):  # noqa: F811
     assert st["cache"]["hits"] == 4 + (35 - distinct) and st["cache"]["misses"] == distinct + 2
     assert st["cache"]["size"] == distinct + 2 and st["errors"] == 0
     assert st["connections"] == {"open": 1, "total": 1} and st["latency_ms"]["window"] == 4
+    # one engine call a batch, each inside its request's latency
+    assert st["compute_ms"]["window"] == 4 and 0 < st["compute_ms"]["max"] <= st["latency_ms"]["max"]
 
 
 def test_a_self_normalized_server_keeps_histories_and_answers_as_the_engine(cslm_model):  # noqa: F811
