@@ -252,13 +252,7 @@ void CSLM::EvaluateInIsolation(const Phrase& /*source*/, const TargetPhrase& tar
   const size_t estimate = cslm::estimate_ngrams(ids, m_order, m_bos, &ngrams);
   std::vector<float> lp;
   if (internal + estimate) Score(td, ngrams, internal + estimate, &lp);
-  std::vector<float> scores(m_numScoreComponents, 0.0f), future(m_numScoreComponents, 0.0f);
-  for (size_t k = 0; k < internal; ++k) scores[0] += lp[k];
-  for (size_t k = internal; k < internal + estimate; ++k) future[0] += lp[k];
-  if (m_numScoreComponents > 1)
-    for (size_t i = 0; i < ids.size(); ++i) scores[1] += ids[i] == m_unk;
-  scoreBreakdown.PlusEquals(this, scores);
-  estimatedScores.PlusEquals(this, future);
+  AddPhraseScores(*this, lp, internal, estimate, ids, m_unk, &scoreBreakdown, &estimatedScores);
 }
 
 void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*input*/,
@@ -275,9 +269,7 @@ void CSLM::EvaluateTranslationOptionListWithSourceContext(const InputType& /*inp
   for (TranslationOptionList::const_iterator it = list.begin(); it != list.end(); ++it) {
     PhraseIds(td, (*it)->GetTargetPhrase(), &ids);
     internal_count.push_back(cslm::internal_ngrams(ids, m_order, m_bos, &ngrams));
-    size_t unk = 0;
-    for (size_t i = 0; i < ids.size(); ++i) unk += ids[i] == m_unk;
-    unknown.push_back(static_cast<float>(unk));
+    unknown.push_back(static_cast<float>(CountUnknown(ids, m_unk)));
   }
   std::vector<float> lp;
   Score(td, ngrams, ngrams.size() / m_order, &lp);  // the whole list in one request

@@ -6,8 +6,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include "moses/FF/FeatureFunction.h"
 #include "moses/Factor.h"
 #include "moses/Phrase.h"
+#include "moses/ScoreComponentCollection.h"
 #include "moses/Util.h"
 #include "moses/Word.h"
 #include "util/exception.hh"
@@ -63,6 +65,24 @@ uint32_t FactorIds::Id(const Factor* factor) {
 void FactorIds::Phrase(const Moses::Phrase& phrase, FactorType factor_type, std::vector<uint32_t>* ids) {
   ids->clear();
   for (size_t i = 0; i < phrase.GetSize(); ++i) ids->push_back(Id(phrase.GetWord(i).GetFactor(factor_type)));
+}
+
+size_t CountUnknown(const std::vector<uint32_t>& ids, uint32_t unk) {
+  size_t n = 0;
+  for (size_t i = 0; i < ids.size(); ++i) n += ids[i] == unk;
+  return n;
+}
+
+void AddPhraseScores(const FeatureFunction& ff, const std::vector<float>& lp, size_t internal, size_t estimate,
+                     const std::vector<uint32_t>& ids, uint32_t unk, ScoreComponentCollection* scores,
+                     ScoreComponentCollection* estimated) {
+  const size_t components = ff.GetNumScoreComponents();
+  std::vector<float> real(components, 0.0f), future(components, 0.0f);
+  for (size_t k = 0; k < internal; ++k) real[0] += lp[k];
+  for (size_t k = internal; k < internal + estimate; ++k) future[0] += lp[k];
+  if (components > 1) real[1] = static_cast<float>(CountUnknown(ids, unk));
+  scores->PlusEquals(&ff, real);
+  if (estimate && estimated) estimated->PlusEquals(&ff, future);
 }
 
 void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Backend::Session* session,

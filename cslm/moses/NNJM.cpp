@@ -190,13 +190,7 @@ void NNJM::EvaluateWithSourceContext(const InputType& input, const InputPath& in
   if (internal + estimate)
     ScoreThroughCache(GetScoreProducerDescription(), &td.cache, td.session.get(), td.rows, m_rowSize,
                       internal + estimate, &lp, &td.hits);
-  std::vector<float> scores(m_numScoreComponents, 0.0f), future(m_numScoreComponents, 0.0f);
-  for (size_t k = 0; k < internal; ++k) scores[0] += lp[k];
-  for (size_t k = internal; k < internal + estimate; ++k) future[0] += lp[k];
-  if (m_numScoreComponents > 1)
-    for (size_t i = 0; i < ids.size(); ++i) scores[1] += ids[i] == m_unk;
-  scoreBreakdown.PlusEquals(this, scores);
-  if (estimate) estimatedScores->PlusEquals(this, future);
+  AddPhraseScores(*this, lp, internal, estimate, ids, m_unk, &scoreBreakdown, estimatedScores);
 }
 
 FFState* NNJM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_state,
