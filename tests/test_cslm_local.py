@@ -75,6 +75,29 @@ def test_local_evaluator_matches_python(local_exe, model_dir):
     assert np.allclose(got[:, 1] - got[:, 0], log_z, atol=1e-4)
 
 
+def test_narrower_kernels_score_the_same(local_exe, model_dir):
+    """CSLM_KERNELS caps the vector width (to time the narrower kernels on one machine): the same scores to
+    float rounding, the kernels it ran named; another value is refused in one line naming the variable."""
+    import os
+
+    out, loaded, corpus = model_dir
+    grams = "".join(" ".join(g) + "\n" for g in ngrams_of(corpus, loaded.config.order, 100))
+    runs = {}
+    for cap in ("", "avx512", "avx2", "baseline"):
+        r = subprocess.run([str(local_exe), str(out)], input=grams, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "CSLM_KERNELS": cap})
+        assert r.returncode == 0, r.stderr
+        runs[cap] = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+        used = r.stderr.split("kernels ")[1].split()[0]
+        assert used in ("avx512", "avx2", "baseline") and (used == cap or cap != "baseline")
+    for cap in ("avx512", "avx2", "baseline"):
+        assert np.max(np.abs(runs[cap] - runs[""])) < 1e-4
+    r = subprocess.run([str(local_exe), str(out)], input=grams, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "CSLM_KERNELS": "sse9"})
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.strip() == "CSLM_KERNELS=sse9: not avx512, avx2 or baseline (unset it for the CPU's widest)"
+
+
 def test_local_evaluator_deeper_network(local_exe, model_dir, tmp_path):
     """Three hidden layers, random weights: the evaluator follows the weights it finds."""
     out, loaded, corpus = model_dir

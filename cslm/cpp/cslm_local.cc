@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 // The hot loops (kernels below) are compiled three times, for AVX-512,
 // AVX2+FMA and baseline x86-64 (or once elsewhere), and the version the CPU
@@ -224,14 +225,21 @@ struct Kernels {
   const char* name;
 };
 
+// The widest kernels the CPU runs, at most those the environment's CSLM_KERNELS names ("avx512", "avx2" or
+// "baseline"; unset or empty: no limit), so that the narrower ones can be timed on the same machine, as
+// MKL_ENABLE_INSTRUCTIONS does for MKL. Another value is refused (std::invalid_argument).
 Kernels PickKernels() {
+  const char* cap = getenv("CSLM_KERNELS");
+  const std::string want = cap ? cap : "";
+  if (!want.empty() && want != "avx512" && want != "avx2" && want != "baseline")
+    throw std::invalid_argument("CSLM_KERNELS=" + want + ": not avx512, avx2 or baseline (unset it for the CPU's widest)");
 #if CSLM_DISPATCH
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+  if ((want.empty() || want == "avx512") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
     Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, "avx512"};
     return k;
   }
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  if (want != "baseline" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, "avx2"};
     return k;
   }

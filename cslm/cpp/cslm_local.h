@@ -107,7 +107,8 @@ class LocalModel {
   bool self_normalized() const { return self_norm_ > 0 || nce_; }
   double self_norm_alpha() const { return self_norm_; }
   size_t table_bytes() const { return (table_.size() + src_table_.size()) * sizeof(float); }
-  // The vector instructions the kernels use here: "avx512", "avx2" or "baseline".
+  // The vector instructions the kernels use here: "avx512", "avx2" or "baseline" (the CPU's widest, at most
+  // what the environment's CSLM_KERNELS names). Throws std::invalid_argument on another CSLM_KERNELS value.
   static const char* Kernels();
 
   // Scores `count` rows of row_size() ids each (the order()-1 history words

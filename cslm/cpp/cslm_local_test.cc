@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
       }
       for (size_t i = 0; i < count; ++i) printf("%.6f %.6f\n", exact[i], selfnorm[i]);
       std::cerr << "self-normalized " << (lm.self_normalized() ? 1 : 0) << std::endl;  // what Moses's feature defaults to
+      std::cerr << "kernels " << cslm::LocalModel::Kernels() << std::endl;
       return 0;
     }
     const double seconds = atof(argv[3]);
