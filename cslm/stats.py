@@ -34,7 +34,7 @@ class Stats:
         self.connections_refused = 0  # new ones refused: at the limit with every connection busy
         self.connections_stalled = 0  # closed for a frame or a reply that did not move within --frame-timeout
         self.latencies: collections.deque = collections.deque(maxlen=10000)  # seconds, score requests
-        self.computes: collections.deque = collections.deque(maxlen=10000)  # seconds, the engine's, per batch
+        self.computes: collections.deque = collections.deque(maxlen=10000)  # seconds, each batch's scoring
 
     def to_dict(self, cache_len: int, cache_cap: int, max_connections: int = 0, buffered: dict | None = None) -> dict:
         return {
@@ -49,7 +49,7 @@ class Stats:
                 "requests_per_batch": round(self.batch_requests_total / max(self.batches, 1), 2),
             },
             "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "size": cache_len, "capacity": cache_cap},
-            # a score request's, from its payload read to its reply written; of that, each batch's engine call
+            # a score request's, from its payload read to its reply written; of that, its batch's scoring
             "latency_ms": _percentiles(self.latencies),
             "compute_ms": _percentiles(self.computes),
             "errors": self.errors,
