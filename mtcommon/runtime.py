@@ -86,17 +86,34 @@ def is_big(config) -> bool:
     return max(hidden if isinstance(hidden, (tuple, list)) else (hidden,)) >= SMALL_WIDTH
 
 
+def omp_threads() -> int | None:
+    """OMP_NUM_THREADS as a thread count, or None when unset or empty; another value is an error."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if not value:
+        return None
+    # OpenMP allows a list ("4,2": per nesting level); the first level is torch's intra-op threads
+    first = value.split(",")[0].strip()
+    if not first.isdigit() or int(first) < 1:
+        raise UserError(f"OMP_NUM_THREADS={value}: not a positive thread count")
+    return int(first)
+
+
 def configure_threads(device: torch.device, threads: int | None = None, config=None) -> int:
     """Set torch's intra-op threads for CPU work and return the number used.
 
-    Default: every core for models of the `small` preset's size and up. For
+    Default: OMP_NUM_THREADS when it is set (as for every OpenMP program: a
+    scheduler or a make recipe that runs several jobs on one machine sets it),
+    else every core for models of the `small` preset's size and up. For
     smaller models one op is too short to split, and idle intra-op threads
     spin against the gzip threads and other processes: one thread is faster.
+    Jobs that together ask for more threads than there are cores wait on
+    each other's spinning threads: two 2-thread rescorings on 2 cores run
+    7.5 times slower than two 1-thread ones (docs/pipeline.md, `NET_THREADS`).
     """
     if device.type != "cpu":
         return torch.get_num_threads()
     if threads is None:
-        threads = cpu_count() if is_big(config) else 1
+        threads = omp_threads() or (cpu_count() if is_big(config) else 1)
     if threads < 1:
         raise UserError(f"--threads must be at least 1, got {threads}")
     torch.set_num_threads(threads)
@@ -106,17 +123,17 @@ def configure_threads(device: torch.device, threads: int | None = None, config=N
 def choose_threads(device: torch.device, threads: int | None, big: bool = True, local_world: int = 1) -> int | None:
     """The fixed CPU thread count for a training run, or None to let `ThreadTuner` choose.
 
-    A count given by the user is kept. Models smaller than `small` (not `big`) run on one
+    A count given by the user, or in OMP_NUM_THREADS, is kept. Models smaller than `small` (not `big`) run on one
     thread (see `configure_threads`); under torchrun the ranks of a machine
     share its cores evenly. Otherwise the count is tuned while training runs.
     """
-    if device.type != "cpu" or threads is not None:
+    if device.type != "cpu":
         return threads
-    if not big:
-        return 1
-    if local_world > 1:
-        return max(1, cpu_count() // local_world)
-    return None
+    if threads is not None:
+        return threads
+    if local_world > 1:  # torchrun sets OMP_NUM_THREADS=1 for its ranks unless told: the cores are shared instead
+        return max(1, cpu_count() // local_world) if big else 1
+    return omp_threads() or (None if big else 1)
 
 
 def cpu_has_bf16() -> bool:

@@ -474,17 +474,45 @@ def test_real_french_slice(shared_data, tmp_path):
     assert res["best_valid_ppl"] < 500
 
 
-def test_cpu_threads_follow_the_model_size():
+def test_cpu_threads_follow_the_model_size(monkeypatch):
     """One rule for both networks: a model below the `small` preset runs on one CPU thread, `small`
     and up on every core (the CSLM's config gives its layer widths as a tuple)."""
     from moses_rnn.networks.modelbase import preset_config as rnn_config
     from mtcommon.runtime import configure_threads, cpu_count
 
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cpu, before = torch.device("cpu"), torch.get_num_threads()
     try:
         for config in (preset_config("tiny"), rnn_config("tiny")):
             assert configure_threads(cpu, None, config) == 1 == torch.get_num_threads()
         for config in (preset_config("small"), preset_config("paper"), rnn_config("small")):
             assert configure_threads(cpu, None, config) == cpu_count() == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_omp_num_threads_sets_the_default(monkeypatch):
+    """OMP_NUM_THREADS, which a scheduler or make recipe sets for every OpenMP program, is the default
+    count for inference and training alike; --threads still wins; under torchrun (which sets it to 1
+    unless told) the ranks share the cores instead; a value that is not a count is one error."""
+    from mtcommon.errors import UserError
+    from mtcommon.runtime import choose_threads, configure_threads, cpu_count
+
+    cpu, before = torch.device("cpu"), torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert configure_threads(cpu, None, preset_config("small")) == 3 == torch.get_num_threads()
+        assert configure_threads(cpu, None, preset_config("tiny")) == 3
+        assert configure_threads(cpu, 2, preset_config("small")) == 2
+        assert choose_threads(cpu, None, big=True) == 3 and choose_threads(cpu, None, big=False) == 3
+        assert choose_threads(cpu, None, big=True, local_world=2) == max(1, cpu_count() // 2)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2,1")  # OpenMP's per-level list: the first level counts
+        assert configure_threads(cpu, None, preset_config("small")) == 2
+        for bad in ("0", "x", "-1"):
+            monkeypatch.setenv("OMP_NUM_THREADS", bad)
+            with pytest.raises(UserError, match=f"OMP_NUM_THREADS={bad}: not a positive thread count"):
+                configure_threads(cpu, None, preset_config("small"))
+        monkeypatch.setenv("OMP_NUM_THREADS", "")
+        assert choose_threads(cpu, None, big=True) is None  # unset or empty: tuned while training
     finally:
         torch.set_num_threads(before)

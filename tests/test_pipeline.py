@@ -138,8 +138,8 @@ def test_dry_run_new_systems(tmp_path):
             f"--subword-corpus {w}/data/train.en {w}/data/train.fr") in plan
     assert f"moses-rnn train {w}/train/model/phrase-table.gz -o {w}/rnnsearch/model {rnn_args} --arch rnnsearch" in plan
     assert "times.tsv rnn-subword-train -- " in plan and "times.tsv rnnsearch-score -- " in plan
-    assert f"-m {w}/rnn-subword/model -o {w}/rnn-subword/phrase-table.rnn.gz --quiet" in plan  # no --unknown
-    assert f"-m {w}/rnnsearch/model -o {w}/rnnsearch/phrase-table.rnn.gz --unknown --quiet" in plan
+    assert f"-m {w}/rnn-subword/model -o {w}/rnn-subword/phrase-table.rnn.gz --threads 1 --quiet" in plan  # no --unknown
+    assert f"-m {w}/rnnsearch/model -o {w}/rnnsearch/phrase-table.rnn.gz --unknown --threads 1 --quiet" in plan
     assert (f"ini add-columns {w}/model-devtest/moses.ini --table TranslationModel0 --count 1 --weight 0.05 "
             f"--path {w}/rnn-subword/phrase-table.rnn.gz -o {w}/systems/rnn-subword/moses.ini\n") in plan
     assert f"--path {w}/rnnsearch/phrase-table.rnn.gz -o {w}/systems/rnnsearch/moses.ini.tmp" in plan
@@ -182,7 +182,7 @@ def test_dry_run_reranked_systems(tmp_path):
     # RERANK_DEV (all): the lists of every iteration of the tuning, merged
     assert f"mt.py nbest-top {base}/mert/run*.best300.out.gz 100 -o {run}/dev.nbest.gz" in plan
     assert (f"moses-rnn rescore-nbest {run}/dev.nbest.gz -m {w}/sent/model --source "
-            f"{w}/data/dev.en -o {run}/dev.nbest.rnn.gz") in plan
+            f"{w}/data/dev.en -o {run}/dev.nbest.rnn.gz --threads 1") in plan  # NET_THREADS: -j2 runs two
     assert f"rescore-nbest {run}/test.nbest.gz -m {w}/sent/model --source {w}/data/test.en" in plan
     assert (f"mt.py rerank-tune {run}/dev.nbest.rnn.gz --ref {w}/data/dev.fr --ini {base}/tuned.ini --moses "
             f"/opt/mosesdecoder --seed 2 --positive \"LexicalReordering0 TranslationModel0\"") in plan
@@ -193,6 +193,10 @@ def test_dry_run_reranked_systems(tmp_path):
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_NBEST=300", MOSES="/opt/mosesdecoder", WORK=str(w),
               DATA=str(tmp_path / "no-data"))
     assert f"{run}/test.nbest.tmp 300 distinct" in r.stdout and "best300.out.gz 300 -o" in r.stdout
+    r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "NET_THREADS=2", MOSES="/opt/mosesdecoder",
+              WORK=str(w), DATA=str(tmp_path / "no-data"))  # with -j1, the core count
+    assert r.stdout.count("dev.nbest.rnn.gz --threads 2 --quiet") == 3 and "--beam 5 --threads 2 --quiet" in r.stdout
+    assert "phrase-table.rnn.gz --unknown --threads 2 --quiet" in r.stdout and "--threads 1 --quiet" not in r.stdout
     r = _make("-n", "BUDGET=1", "SYSTEMS=baseline rnn", *extras, "RERANK_DEV=kept", MOSES="/opt/mosesdecoder",
               WORK=str(w), DATA=str(tmp_path / "no-data"))  # the one list the kept weights decoded
     assert f"mt.py nbest-top {base}/mert/run$best.best300.out.gz 100 -o {run}/dev.nbest.gz" in r.stdout

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mtcommon.cliutil import (DEVICE, MODEL_DIR, QUIET, SEED, Number, fail_cleanly, require_model_dir, stacked)
+from mtcommon.cliutil import (DEVICE, MODEL_DIR, QUIET, SEED, THREADS, Number, fail_cleanly, require_model_dir,
+                              stacked)
 from mtcommon.outputs import check_paths
 
 
@@ -16,13 +17,16 @@ def _sources(phrases, input_file) -> list[str]:
     return list(phrases) if phrases else read_sources(input_file)
 
 
-def _generator(model_dir, device):
-    from mtcommon.runtime import resolve_device
+def _generator(model_dir, device, threads=None):
+    from mtcommon.runtime import configure_threads, resolve_device
     from ..generation.generate import Generator
     from ..networks.modelio import load_model
 
     require_model_dir(model_dir, "moses-rnn")
-    return Generator(load_model(model_dir, resolve_device(device)))
+    dev = resolve_device(device)
+    loaded = load_model(model_dir, dev)
+    configure_threads(dev, threads, loaded.config)
+    return Generator(loaded)
 
 
 # the options of `sample` and `translate`
@@ -39,6 +43,7 @@ _generation_options = stacked([
     click.option("--batch", type=click.IntRange(min=1), default=64, show_default=True,
                  help="Source phrases decoded together."),
     DEVICE,
+    click.option("--threads", type=THREADS, help="CPU threads [all cores; 1 for models smaller than `small`]."),
     QUIET,
 ])
 
@@ -52,14 +57,14 @@ _generation_options = stacked([
 @click.option("--seed", type=SEED, default=1, show_default=True)
 @click.option("--tsv", is_flag=True, help="Tab-separated source, target, count, log p.")
 @fail_cleanly
-def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
+def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, threads, quiet,
            samples, top, seed, tsv):
     """Draw N samples for each source phrase; list the distinct targets by model score, with counts."""
     from ..generation.sample import write_samples
 
     check_paths([input_file], output)
     sources = _sources(phrases, input_file)
-    gen = _generator(model_dir, device)
+    gen = _generator(model_dir, device, threads)
     write_samples(gen, sources, output, n=samples, seed=seed, top=top, tsv=tsv, batch=batch, progress=not quiet,
                   len_ratio=len_ratio, len_extra=len_extra, allow_unk=not no_unk)
 
@@ -74,7 +79,7 @@ def sample(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk,
 @click.option("--replace-unk", is_flag=True,
               help="Replace each [UNK] of a translation by the source word its attention weighs most (RNNsearch).")
 @fail_cleanly
-def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, quiet,
+def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_unk, batch, device, threads, quiet,
               beam, n_best, normalize, replace_unk):
     """Beam-search the best target of each source phrase or sentence: one line out per line in, in order
     (an empty line gives an empty line); streamed, so a file of any size works."""
@@ -85,7 +90,7 @@ def translate(phrases, model_dir, input_file, output, len_ratio, len_extra, no_u
     if not 1 <= n_best <= beam:
         raise click.BadParameter(f"must be between 1 and the beam ({beam})", param_hint="--n-best")
     check_paths([input_file], output)
-    gen = _generator(model_dir, device)
+    gen = _generator(model_dir, device, threads)
     stats = translate_lines(gen, phrases or read_lines(input_file), output, beam=beam, n_best=n_best,
                             normalize=normalize, allow_unk=not no_unk, replace_unk=replace_unk, batch=batch,
                             len_ratio=len_ratio, len_extra=len_extra, progress=not quiet)
