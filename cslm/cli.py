@@ -19,7 +19,7 @@ from .limits import MAX_DELAY_US
 
 
 def _threads(n):
-    """The project's one thread policy (mtcommon.runtime): N threads if given, else all cores."""
+    """The project's one thread policy (mtcommon.runtime): N threads if given, else OMP_NUM_THREADS, else all cores."""
     from mtcommon.runtime import configure_threads, resolve_device
 
     configure_threads(resolve_device("cpu"), n)
