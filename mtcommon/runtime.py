@@ -123,13 +123,12 @@ def configure_threads(device: torch.device, threads: int | None = None, config=N
 def choose_threads(device: torch.device, threads: int | None, big: bool = True, local_world: int = 1) -> int | None:
     """The fixed CPU thread count for a training run, or None to let `ThreadTuner` choose.
 
-    A count given by the user, or in OMP_NUM_THREADS, is kept. Models smaller than `small` (not `big`) run on one
-    thread (see `configure_threads`); under torchrun the ranks of a machine
-    share its cores evenly. Otherwise the count is tuned while training runs.
+    A count given by the user, or in OMP_NUM_THREADS, is kept. Models smaller
+    than `small` (not `big`) run on one thread (see `configure_threads`);
+    under torchrun the ranks of a machine share its cores evenly. Otherwise
+    the count is tuned while training runs.
     """
-    if device.type != "cpu":
-        return threads
-    if threads is not None:
+    if device.type != "cpu" or threads is not None:
         return threads
     if local_world > 1:  # torchrun sets OMP_NUM_THREADS=1 for its ranks unless told: the cores are shared instead
         return max(1, cpu_count() // local_world) if big else 1
