@@ -63,9 +63,6 @@ class FactorIds {
   boost::unordered_map<const Factor*, uint32_t> memo_;
 };
 
-// Scores `count` rows of `width` ids each into logprobs[0..count): those the
-// cache holds from it (added to *hits), the others in one call to `session`,
-// then cached. Stops the decoder (CSLMFatal) if the backend cannot answer.
 // A phrase's scores from the log-probabilities `lp` of its n-grams as cslm_ngrams.h lists them: the first
 // `internal` (whole history inside the phrase) added to `scores`, the next `estimate` (its first words'
 // future-cost estimate) to `estimated` when there are any; the second score, where `ff` has one, counts the
@@ -77,6 +74,9 @@ void AddPhraseScores(const FeatureFunction& ff, const std::vector<float>& lp, si
 // The number of `ids` equal to `unk`.
 size_t CountUnknown(const std::vector<uint32_t>& ids, uint32_t unk);
 
+// Scores `count` rows of `width` ids each into logprobs[0..count): those the
+// cache holds from it (added to *hits), the others in one call to `session`,
+// then cached. Stops the decoder (CSLMFatal) if the backend cannot answer.
 void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Backend::Session* session,
                        const std::vector<uint32_t>& rows, unsigned width, size_t count, std::vector<float>* logprobs,
                        size_t* hits);
