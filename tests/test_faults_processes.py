@@ -535,6 +535,8 @@ def test_a_huge_phrase_is_refused_naming_its_line(tmp_path, example_table, tiny_
 
 
 def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
+    import inspect
+
     import click
 
     from moses_rnn.commands.score import score
@@ -543,7 +545,7 @@ def test_the_phrase_limit_is_the_same_in_the_library_and_the_command_line():
 
     option = next(p for p in score.params if isinstance(p, click.Option) and p.name == "max_phrase_words")
     assert option.default == MAX_PHRASE_WORDS == TableJob("t", 4).max_words
-    assert score_table.__defaults__[-1] == MAX_PHRASE_WORDS
+    assert inspect.signature(score_table).parameters["max_words"].default == MAX_PHRASE_WORDS
 
 
 # --workers above the core count: one line of warning

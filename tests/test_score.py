@@ -1,4 +1,5 @@
 import gzip
+import itertools
 import math
 import random
 import subprocess
@@ -100,13 +101,13 @@ def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny
     code = (
         "import os, signal, sys\n"
         "from moses_rnn.scoring import scorer\n"
-        "orig = scorer.PhraseScorer.score_keys\n"
+        "orig = scorer.PhraseScorer.run\n"
         "n = [0]\n"
-        "def score_keys(self, *a, **k):\n"
+        "def run(self, *a, **k):\n"
         "    n[0] += 1\n"
         "    if n[0] == 2: os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return orig(self, *a, **k)\n"
-        "scorer.PhraseScorer.score_keys = score_keys\n"
+        "scorer.PhraseScorer.run = run\n"
         "from moses_rnn.cli import main\n"
         f"sys.argv = ['moses-rnn', 'score', {str(real_table_slice)!r}, '-m', {str(tiny_model)!r}, '-o', {str(out)!r}, '--window', '500', '--quiet']\n"
         "main()\n"
@@ -117,16 +118,40 @@ def test_interrupted_run_leaves_previous_output(tmp_path, real_table_slice, tiny
     assert sorted(x.name for x in tmp_path.iterdir()) == ["out.gz"]
 
 
-def test_worker_processes_write_the_same_table(tmp_path, real_table_slice, tiny_model):
+@pytest.mark.parametrize("planning", [False, True])
+def test_worker_processes_write_the_same_table(tmp_path, real_table_slice, tiny_model, planning):
+    """Workers that score whole windows (a CPU's pool), or only plan them for this process to score (a
+    GPU's), write the bytes this process alone writes."""
     scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
     inline, pooled = tmp_path / "inline.gz", tmp_path / "pooled.gz"
     a = score_table(scorer, str(real_table_slice), str(inline), unknown=True, window=400, progress=False)
-    b = score_table(scorer, str(real_table_slice), str(pooled), unknown=True, window=400, workers=2, progress=False)
-    assert a.lines == b.lines == 3000 and b.workers == 2
+    b = score_table(scorer, str(real_table_slice), str(pooled), unknown=True, window=400, workers=3, progress=False,
+                    planning=planning)
+    assert a.lines == b.lines == 3000 and b.workers == 3 and a.distinct_sources == b.distinct_sources
     assert read_lines(inline) == read_lines(pooled)
 
 
-def test_worker_error_names_line_and_leaves_nothing(tmp_path, real_table_slice, tiny_model):
+def test_a_plan_from_the_vocabularies_alone_scores_as_the_scorers_own(real_table_slice, tiny_model):
+    """A planning worker's plan (vocabularies only, no weights), pickled as it travels, runs to the scores the
+    scorer gives; a plan made for other chunks is refused."""
+    import pickle
+
+    from moses_rnn.scoring.pool import _planner
+
+    pairs = [(p.source, p.target) for p in itertools.islice(read_phrase_table(str(real_table_slice)), 700)]
+    sources, targets = phrase_keys(pairs)
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu", node_chunk=7, token_budget=64)
+    plan = pickle.loads(pickle.dumps(_planner(str(tiny_model), 64, 7).plan(sources, targets)))
+    expected = scorer.score_keys(sources, targets)
+    assert np.array_equal(scorer.run(plan), expected.log_p)
+    assert np.array_equal(plan.unknown, expected.unknown) and np.array_equal(plan.symbols, expected.symbols)
+    assert len(plan.encoder) > 1 and max(len(level.bounds) for level in plan.levels) > 2  # several batches, chunks
+    with pytest.raises(ValueError, match="chunks of 7 decoder nodes, not 9"):
+        PhraseScorer.from_dir(str(tiny_model), device="cpu", node_chunk=9).run(plan)
+
+
+@pytest.mark.parametrize("planning", [False, True])
+def test_worker_error_names_line_and_leaves_nothing(tmp_path, real_table_slice, tiny_model, planning):
     lines = read_lines(real_table_slice)
     lines[2345] = lines[2345].replace(" ||| ", " |||  ||| ", 1)  # empty target
     bad = tmp_path / "bad.txt"
@@ -135,7 +160,8 @@ def test_worker_error_names_line_and_leaves_nothing(tmp_path, real_table_slice, 
     from mtcommon.textio import InputError
 
     with pytest.raises(InputError, match=r"bad.txt:2346: empty target phrase"):
-        score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=300, workers=2, progress=False)
+        score_table(scorer, str(bad), str(tmp_path / "out.gz"), window=300, workers=2, progress=False,
+                    planning=planning)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt"]
 
 

@@ -254,13 +254,18 @@ class Window:
 
     def with_columns(self, columns: list[bytes]) -> bytes:
         """The block with `columns[i]` (formatted, with its leading space) inserted at the end of line i's field 3."""
-        if len(columns) != len(self):
-            raise ValueError(f"{len(columns)} column strings for {len(self)} lines")
-        data, cuts = self.data, self.insert_at.tolist()
-        out: list[bytes] = [b""] * (2 * len(cuts) + 1)
-        out[0::2] = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
-        out[1::2] = columns
-        return b"".join(out)
+        return insert_columns(self.data, self.insert_at, columns)
+
+
+def insert_columns(data: bytes, insert_at: np.ndarray, columns: list[bytes]) -> bytes:
+    """`data` with `columns[i]` inserted at byte offset `insert_at[i]` (increasing), every other byte kept."""
+    if len(columns) != len(insert_at):
+        raise ValueError(f"{len(columns)} column strings for {len(insert_at)} lines")
+    cuts = insert_at.tolist()
+    out: list[bytes] = [b""] * (2 * len(cuts) + 1)
+    out[0::2] = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+    out[1::2] = columns
+    return b"".join(out)
 
 
 def split_lines(data: bytes) -> list[bytes]:

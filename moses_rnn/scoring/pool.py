@@ -26,8 +26,10 @@ import torch
 from mtcommon.runtime import exit_with_parent
 
 from ..formats.phrasetable import Window
+from ..networks.modelio import load_vocabularies, read_config
+from .plan import Planner
 from .scorer import PhraseScorer
-from .window import TableJob, rewrite_lines, rewrite_window
+from .window import PlannedWindow, TableJob, finish_window, parse_checked, plan_window, rewrite_lines, rewrite_window
 
 WORKER_TAG = "moses-rnn-scoring-worker"  # in a worker's command line, so that `ps` tells what it is
 
@@ -72,10 +74,17 @@ def _dump_reply(value) -> bytes:
         return pickle.dumps((False, (RuntimeError(f"{type(exc).__name__}: {exc}"), text)))
 
 
+def _planner(model_dir: str, token_budget: int, node_chunk: int) -> Planner:
+    """A planner for the model of `model_dir`, from its vocabularies alone (no weights, no device)."""
+    cfg, _ = read_config(model_dir)
+    return Planner(*load_vocabularies(model_dir, cfg), token_budget, node_chunk)
+
+
 def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
     """A worker process: its first message says how to load the model and which table it scores; each later
-    one is a window of raw lines, answered with the rewritten window (`window.rewrite_lines`) or the exception
-    met. It ends when the parent closes its request pipe, and dies with the parent (`exit_with_parent`).
+    one is a window of raw lines, answered with the rewritten window (`window.rewrite_lines`), or for a
+    planning worker with the window parsed and planned (`window.plan_window`), or with the exception met. It
+    ends when the parent closes its request pipe, and dies with the parent (`exit_with_parent`).
 
     Ctrl-C and a closed terminal (SIGINT, SIGHUP, sent to the whole process group) are left to the parent, which
     stops its workers. A thread takes each request as soon as it comes, so the parent never blocks sending a
@@ -99,18 +108,24 @@ def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
     setup = inbox.get()
     if setup is None:
         return
-    model_dir, device, token_budget, node_chunk, dtype, job = pickle.loads(setup)
+    model_dir, device, token_budget, node_chunk, dtype, job, planning = pickle.loads(setup)
     torch.set_num_threads(1)
     try:
-        scorer, failure = PhraseScorer.from_dir(model_dir, device=device, token_budget=token_budget,
-                                                node_chunk=node_chunk, dtype=dtype), None
+        if planning:
+            planner, failure = _planner(model_dir, token_budget, node_chunk), None
+        else:
+            scorer, failure = PhraseScorer.from_dir(model_dir, device=device, token_budget=token_budget,
+                                                    node_chunk=node_chunk, dtype=dtype), None
     except Exception as e:  # every window is answered with it
-        scorer, failure = None, e
+        failure = e
     while (request := inbox.get()) is not None:
         try:
             if failure is not None:
                 raise failure
-            reply = (True, rewrite_lines(scorer, job, *pickle.loads(request)))
+            if planning:
+                reply = (True, plan_window(planner, parse_checked(job, *pickle.loads(request))))
+            else:
+                reply = (True, rewrite_lines(scorer, job, *pickle.loads(request)))
         except Exception as e:
             reply = (False, (e, traceback.format_exc()))
         replies.send_bytes(_dump_reply(reply))
@@ -200,17 +215,24 @@ class WindowPool:
     `WINDOWS_PER_WORKER` each in hand, and this process scores the others itself, between reading and
     writing: so every core works from the first window on (the workers need a second or two to import torch
     and load the model), and no process idles while another has a queue.
+
+    On a CPU each worker scores whole windows with a model of its own. With `planning` (the default on a
+    GPU) the workers only parse and plan windows (`window.plan_window`: the host's half, from the
+    vocabularies alone) and this process runs every plan on the device: one process and one CUDA context
+    feed the GPU, and the host work that a lone process does between its kernels is spread over cores.
     """
 
-    def __init__(self, scorer: PhraseScorer, job: TableJob, workers: int):
+    def __init__(self, scorer: PhraseScorer, job: TableJob, workers: int, planning: bool | None = None):
         if workers > 1 and scorer.model_dir is None:
             raise ValueError("worker processes need a scorer loaded with PhraseScorer.from_dir")
         self.scorer, self.job, self.workers = scorer, job, workers
+        self.planning = scorer.device.type != "cpu" if planning is None else planning
         self.processes: list[_Worker] = []
 
     def __enter__(self) -> "WindowPool":
         s = self.scorer
-        setup = pickle.dumps((s.model_dir, str(s.device), s.token_budget, s.node_chunk, s.dtype, self.job))
+        setup = pickle.dumps((s.model_dir, str(s.device), s.token_budget, s.node_chunk, s.dtype, self.job,
+                              self.planning))
         try:
             for _ in range(self.workers - 1):  # they load the model while this process scores the first windows
                 self.processes.append(_Worker(setup, self.job.path))
@@ -255,6 +277,8 @@ class WindowPool:
                 x = x.value
             if isinstance(x, _Failed):
                 raise x.exc
+            if isinstance(x, PlannedWindow):  # planned by a worker: scored here, in its turn
+                x = finish_window(self.scorer, self.job, x)
             return first, x
 
         for first, data in blocks:

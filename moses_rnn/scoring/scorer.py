@@ -7,19 +7,18 @@ docs/scoring.md, "How the scorer works".
 
 from __future__ import annotations
 
-import itertools
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from mtcommon.runtime import amp_dtype, autocast, dtype_name, probe_dtype, resolve_device
-from mtcommon.vocab import EOS, Vocabulary
 
 from ..formats.phrasetable import phrase_key
 from ..networks.modelbase import log_normalizer_
 from ..networks.modelio import LoadedModel, load_model
 from .bf16 import bfloat16_copy
+from .plan import Planner, ScoringPlan
 
 # Logits computed at once (rows x shortlist) by the prefix-tree decoder: on a CPU a block that stays in a core's
 # L2 cache for the max / exp / sum passes of the in-place normaliser, on a GPU one large enough to fill it. Never
@@ -53,23 +52,6 @@ class PhraseScores(NamedTuple):
         return np.stack(cols, axis=1)
 
 
-def _unit_ids(phrases: list[bytes], vocab: Vocabulary,
-              end: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Id matrix [phrases, longest (+1 with `end`)] right-padded with -1 (`end` appended to every row),
-    the number of units of each phrase, and how many of them map to `[UNK]`.
-
-    `phrases` are keys as `phrasetable.Window` and `phrase_key` make them: words joined by single
-    spaces, which `vocab.encode_keys` turns into units (words, or subword units)."""
-    ids, lens = vocab.encode_keys(phrases)
-    width = int(lens.max(initial=0)) + (end is not None)
-    matrix = np.full((len(phrases), max(width, 1)), -1, dtype=np.int64)
-    matrix[np.arange(matrix.shape[1])[None, :] < lens[:, None]] = ids  # row-major: phrase by phrase
-    if end is not None:
-        matrix[np.arange(len(phrases)), lens] = end
-    unknown = np.bincount(np.repeat(np.arange(len(phrases)), lens)[ids == vocab.unk_id], minlength=len(phrases))
-    return matrix, lens, unknown
-
-
 # Pairs of a table's first window that `--dtype auto` times its scoring on (`PhraseScorer.choose_dtype`): a
 # call of a fraction of a second for the `paper` preset on a CPU core, so that the probe stays within its budget.
 PROBE_PAIRS = 512
@@ -92,7 +74,8 @@ class PhraseScorer:
         self.model = model if self.amp is None else bfloat16_copy(model)
         self.token_budget = token_budget
         self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab))
-        self.eos = self.tgt_vocab.index[EOS]
+        self.planner = Planner(self.src_vocab, self.tgt_vocab, token_budget, self.node_chunk)
+        self.eos = self.planner.eos
         self.distinct_sources = 0  # running counts over all calls, for reports and benchmarks
         self.encoder_tokens = 0
         self.decoder_nodes = 0
@@ -135,14 +118,6 @@ class PhraseScorer:
             return t.pin_memory().to(self.device, non_blocking=True)
         return t
 
-    def _batches(self, lengths: np.ndarray):
-        """(length, member indices) batches of sources: one exact length each, under the token budget."""
-        for length in np.unique(lengths).tolist():
-            members = np.flatnonzero(lengths == length)
-            per_batch = max(1, self.token_budget // max(length, 1))
-            for i in range(0, len(members), per_batch):
-                yield length, members[i : i + per_batch]
-
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """log p(target | source) of each (source, target) pair of str, float64 [len(pairs)]."""
         return self.score_keys(*phrase_keys(pairs)).log_p
@@ -154,92 +129,63 @@ class PhraseScorer:
             self.choose_dtype(sources, targets)
         return self._scores(sources, targets)
 
-    @torch.inference_mode()
     def _scores(self, sources: list[bytes], targets: list[bytes]) -> PhraseScores:
-        """`score_keys` in the scorer's current dtype."""
-        n = len(sources)
-        if n == 0:
-            return PhraseScores(np.zeros(0), np.zeros(0), np.zeros(0))
-        # distinct phrases of each side, in first-seen order; pairs point at them (all C-level passes)
-        src_index = dict(zip(dict.fromkeys(sources), itertools.count()))
-        tgt_index = dict(zip(dict.fromkeys(targets), itertools.count()))
-        pair_src = np.fromiter(map(src_index.__getitem__, sources), dtype=np.int64, count=n)
-        pair_tgt = np.fromiter(map(tgt_index.__getitem__, targets), dtype=np.int64, count=n)
-        S, src_len, src_unk = _unit_ids(list(src_index), self.src_vocab)
-        T, tgt_len, tgt_unk = _unit_ids(list(tgt_index), self.tgt_vocab, end=self.eos)
-        self.distinct_sources += len(src_index)
-        self.encoder_tokens += int(src_len.sum())
+        """`score_keys` in the scorer's current dtype: the host's plan (`plan.Planner`), run on the device."""
+        plan = self.planner.plan(sources, targets)
+        return PhraseScores(self.run(plan), plan.symbols, plan.unknown)
+
+    @torch.inference_mode()
+    def run(self, plan: ScoringPlan) -> np.ndarray:
+        """log p(target | source) of each pair of `plan` (made by a `Planner` with this scorer's vocabularies,
+        token budget and chunk, in this process or another), float64. Every index array of the plan goes to
+        the device in one transfer; the device is waited for only at the end."""
+        if plan.chunk != self.node_chunk:
+            raise ValueError(f"a plan made for chunks of {plan.chunk} decoder nodes, not {self.node_chunk}")
+        self.distinct_sources += plan.distinct_sources
+        self.encoder_tokens += plan.encoder_tokens
+        self.decoder_nodes += plan.decoder_nodes
+        if plan.pairs == 0:
+            return np.zeros(0)
+        fields = ("rows", "tokens", "pairs", "pair_node", "words")
+        arrays = plan.encoder + [getattr(level, f) for level in plan.levels for f in fields]
+        arrays += [level.parent for level in plan.levels if level.parent is not None]
+        on_device = iter(self._upload_all(arrays))
+        encoder = [next(on_device) for _ in plan.encoder]
+        levels = [dict(zip(fields, (next(on_device) for _ in fields))) for _ in plan.levels]
+        parents = list(on_device)
         with autocast(self.device, self.amp):
-            ctx, row_of = self._encode(S, src_len)
-            lp = self._decode_prefix_tree(ctx, row_of[pair_src], T[pair_tgt])
-        symbols = (tgt_len + 1)[pair_tgt].astype(np.float64)
-        return PhraseScores(lp, symbols, (src_unk[pair_src] + tgt_unk[pair_tgt]).astype(np.float64))
+            contexts = [self.model.context(src, torch.ones_like(src, dtype=torch.bool)) for src in encoder]
+            ctx = type(contexts[0]).cat(contexts)  # row r: the r-th distinct source in encoder order
+            return self._decode_prefix_tree(ctx, plan, levels, parents)
 
-    def _encode(self, S: np.ndarray, lengths: np.ndarray):
-        """The decoder context of each distinct source (rows of S), and the context row of each."""
-        contexts, order = [], []
-        for length, members in self._batches(lengths):
-            src = self._upload(S[members, :length])  # one exact length: no padding
-            contexts.append(self.model.context(src, torch.ones_like(src, dtype=torch.bool)))
-            order.append(members)
-        row_of = np.empty(len(S), dtype=np.int64)
-        row_of[np.concatenate(order)] = np.arange(len(S))
-        return type(contexts[0]).cat(contexts), row_of
+    def _upload_all(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+        """Host int64 arrays on the scoring device, as views of one transfer."""
+        flat = self._upload(np.concatenate([a.ravel() for a in arrays]))
+        views, at = [], 0
+        for a in arrays:
+            views.append(flat[at : at + a.size].view(a.shape))
+            at += a.size
+        return views
 
-    def _decode_prefix_tree(self, ctx, pair_row: np.ndarray, Y: np.ndarray) -> np.ndarray:
-        """Sum of log p(y_t | y_<t, source) for each pair (row of Y, -1 padded, ending in </s>).
-
-        The decoder state and the output distribution at step t depend only on
-        the source and y_<t, so they are computed once per distinct
-        (source, prefix): the nodes of a prefix tree, visited level by level.
-        Targets of one source often share their first words ("de la ...",
-        "le ..."), so the tree has fewer nodes than the targets have words
-        (docs/scoring.md). Nodes never mix: a pair's score is the same
-        whichever pairs share the call.
-
-        The tree's bookkeeping (which pairs go on, their children) is numpy on
-        the host; each level's indices go to the device in one transfer and the
-        log-probabilities are summed there, so a GPU is never waited for until
-        the end.
-        """
-        model, V, chunk = self.model, len(self.tgt_vocab), self.node_chunk
+    def _decode_prefix_tree(self, ctx, plan: ScoringPlan, levels: list[dict], parents: list[torch.Tensor]) -> np.ndarray:
+        """Sum of log p(y_t | y_<t, source) for each pair of `plan`, its prefix tree's nodes computed level by
+        level (`plan.Planner._tree`), `plan.chunk` nodes at a time. Nodes never mix: a pair's score is the same
+        whichever pairs share the call. `levels` and `parents` are the plan's arrays on the device."""
+        model, chunk = self.model, plan.chunk
         embed = model.target_embeddings()
-        out = torch.zeros(len(Y), dtype=torch.float64, device=self.device)
-        # level 0: one node per distinct source; pairs point at their node
-        node_row, node_of_pair = np.unique(pair_row, return_inverse=True)
-        node_tok = np.full(len(node_row), -1, dtype=np.int64)  # e(y_0) = 0
-        state = model.start_state(ctx.select(self._upload(node_row)))
-        active = np.arange(len(Y))
-        for t in range(Y.shape[1]):
-            nodes = len(node_row)
-            self.decoder_nodes += nodes
-            by_node = active[np.argsort(node_of_pair[active], kind="stable")]  # the pairs, grouped by node
-            pair_node = node_of_pair[by_node]
-            firsts = list(range(0, nodes, chunk))
-            bounds = np.searchsorted(pair_node, firsts + [nodes]).tolist()
-            rows_d, tok_d = self._upload(node_row), self._upload(node_tok)
-            pair_d, node_d, word_d = self._upload(by_node), self._upload(pair_node), self._upload(Y[by_node, t])
-            states = []
-            for k, a in enumerate(firsts):
+        out = torch.zeros(plan.pairs, dtype=torch.float64, device=self.device)
+        state = model.start_state(ctx.select(levels[0]["rows"]))
+        for t, (host, level) in enumerate(zip(plan.levels, levels)):
+            nodes, bounds, states = len(host.rows), host.bounds, []
+            for k, a in enumerate(range(0, nodes, chunk)):
                 b, p, q = min(a + chunk, nodes), bounds[k], bounds[k + 1]
-                tok = tok_d[a:b]
-                e_prev = embed(tok.clamp(min=0)) * (tok >= 0)[:, None]
-                logits, s = model.step(ctx.select(rows_d[a:b]), state[a:b], e_prev)
+                tok = level["tokens"][a:b]
+                e_prev = embed(tok.clamp(min=0)) * (tok >= 0)[:, None]  # e(y_0) = 0
+                logits, s = model.step(ctx.select(level["rows"][a:b]), state[a:b], e_prev)
                 states.append(s)
-                local = node_d[p:q] - a
-                picked = logits[local, word_d[p:q]]
-                out.index_add_(0, pair_d[p:q], (picked - log_normalizer_(logits)[local]).double())
-            # children: (node, y_t) for the pairs that go on after y_t
-            y = Y[active, t]
-            going_on = y != self.eos
-            active = active[going_on]
-            if len(active) == 0:
-                break
-            key = node_of_pair[active] * V + y[going_on]
-            uniq, node_of_child = np.unique(key, return_inverse=True)
-            parent = uniq // V
-            node_of_pair[active] = node_of_child
-            node_row, node_tok = node_row[parent], uniq % V
-            state = torch.cat(states)[self._upload(parent)]
+                local = level["pair_node"][p:q] - a
+                picked = logits[local, level["words"][p:q]]
+                out.index_add_(0, level["pairs"][p:q], (picked - log_normalizer_(logits)[local]).double())
+            if host.parent is not None:
+                state = torch.cat(states)[parents[t]]
         return out.cpu().numpy()
-

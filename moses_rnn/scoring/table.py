@@ -129,12 +129,13 @@ def _prologue(scorer: PhraseScorer, table: str, window: int, normalize: bool, un
 
 def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool = False, unknown: bool = False,
                 window: int = 8192, workers: int = 1, progress: bool = True, dist: Distributed | None = None,
-                max_words: int = MAX_PHRASE_WORDS) -> ScoreStats:
+                max_words: int = MAX_PHRASE_WORDS, planning: bool | None = None) -> ScoreStats:
     """Append the model's columns to every line of `table`, writing `output` atomically.
 
     The table is read in windows of `window` lines; each window is parsed, scored and formatted by one of
     `workers` processes (`WindowPool`): this one (with `workers` = 1 alone; torch uses its own threads or the
-    GPU) and `workers` - 1 worker processes, each loading the model from `scorer.model_dir`. Results are
+    GPU) and `workers` - 1 worker processes, each loading the model from `scorer.model_dir` (with `planning`,
+    the default on a GPU, they only parse and plan windows and this process scores them all). Results are
     written in input order; memory is bounded by a few windows per worker, whatever the size of the table.
     Gzip decompression and compression run in their own threads. A phrase of more than `max_words` words is an
     error naming its line. In a torchrun job of more than one process (`dist`), this process scores its share
@@ -160,7 +161,7 @@ def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool =
             yield first, data
 
     with tqdm(unit=" pairs", unit_scale=True, disable=not progress, dynamic_ncols=True, desc="scoring") as bar:
-        with atomic_output(output) as stream, WindowPool(scorer, job, workers) as pool:
+        with atomic_output(output) as stream, WindowPool(scorer, job, workers, planning) as pool:
             for _, (text, n, distinct) in pool.results(head, counted(blocks)):
                 stream.write(text)
                 written += n

@@ -1,16 +1,19 @@
-"""One window of a table's lines: the job it belongs to, taken from the table's first window, and its rewrite
-(parse, check, score, append the columns)."""
+"""One window of a table's lines: the job it belongs to, taken from the table's first window, and its rewrite:
+parse and check, plan (the host's half, `plan.Planner`), score on the device and append the columns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from mtcommon.finite import check_finite
 
 from ..formats.phrasetable import (MAX_PHRASE_WORDS, Window, empty_table_error, first_line_scores, format_columns,
-                                   parse_window)
+                                   insert_columns, parse_window)
 from ..formats.phrasetable import check_phrase_lengths as phrase_lengths
-from .scorer import PhraseScorer
+from .plan import Planner, ScoringPlan
+from .scorer import PhraseScorer, PhraseScores
 
 
 @dataclass(frozen=True)
@@ -44,19 +47,48 @@ def first_window(table: str, head: tuple[int, bytes] | None, normalize: bool = F
     return job, window
 
 
+@dataclass
+class PlannedWindow:
+    """A parsed window made ready for the device: its bytes, where its new columns go, and the plan of
+    scoring its pairs (`plan.Planner`). Plain data: a planning process sends it to the process that scores."""
+
+    data: bytes
+    first_lineno: int
+    insert_at: np.ndarray
+    plan: ScoringPlan
+
+
+def plan_window(planner: Planner, window: Window) -> PlannedWindow:
+    """The host's half of scoring `window`, which needs no network."""
+    return PlannedWindow(window.data, window.first_lineno, window.insert_at,
+                         planner.plan(window.sources, window.targets))
+
+
+def finish_window(scorer: PhraseScorer, job: TableJob, planned: PlannedWindow) -> tuple[bytes, int, int]:
+    """Score a planned window on the scorer's device: its lines with the model's columns appended to field 3
+    (every other byte kept), the number of lines and the number of distinct source phrases. A non-finite
+    log p (a model that overflows) raises NonFiniteScores naming the model and the line (`mtcommon.finite`),
+    so no `nan` is ever written."""
+    plan = planned.plan
+    scores = PhraseScores(scorer.run(plan), plan.symbols, plan.unknown)
+    values = scores.columns(job.normalize, job.unknown)
+    check_finite(values[:, 0], scorer.model_dir or "the model", lambda i: f"for {job.path}:{planned.first_lineno + i}")
+    return insert_columns(planned.data, planned.insert_at, format_columns(values)), plan.pairs, plan.distinct_sources
+
+
 def rewrite_window(scorer: PhraseScorer, job: TableJob, window: Window) -> tuple[bytes, int, int]:
-    """Score a parsed window: its lines with the model's columns appended to field 3 (every other byte kept),
-    the number of lines and the number of distinct source phrases. A non-finite log p (a model that overflows)
-    raises NonFiniteScores naming the model and the line (`mtcommon.finite`), so no `nan` is ever written."""
-    before = scorer.distinct_sources
-    values = scorer.score_keys(window.sources, window.targets).columns(job.normalize, job.unknown)
-    check_finite(values[:, 0], scorer.model_dir or "the model", lambda i: f"for {job.path}:{window.first_lineno + i}")
-    return window.with_columns(format_columns(values)), len(window), scorer.distinct_sources - before
+    """`finish_window` of a parsed window, planned in this process."""
+    return finish_window(scorer, job, plan_window(scorer.planner, window))
+
+
+def parse_checked(job: TableJob, first_lineno: int, data: bytes) -> Window:
+    """Raw table lines (`data`, whole lines, the first numbered `first_lineno`) parsed and checked: a phrase
+    longer than `job.max_words` words raises InputError naming its line."""
+    window = parse_window(data, job.path, first_lineno, job.nscores)
+    check_phrase_lengths(window, job)
+    return window
 
 
 def rewrite_lines(scorer: PhraseScorer, job: TableJob, first_lineno: int, data: bytes) -> tuple[bytes, int, int]:
-    """`rewrite_window` of raw table lines (`data`, whole lines, the first numbered `first_lineno`), parsed and
-    checked first: a phrase longer than `job.max_words` words raises InputError naming its line."""
-    window = parse_window(data, job.path, first_lineno, job.nscores)
-    check_phrase_lengths(window, job)
-    return rewrite_window(scorer, job, window)
+    """`rewrite_window` of raw table lines (`parse_checked`)."""
+    return rewrite_window(scorer, job, parse_checked(job, first_lineno, data))
