@@ -173,6 +173,33 @@ def test_translate_and_sample_refuse_an_overflowing_model(command, tmp_path, tin
     assert not out.exists()
 
 
+def test_a_non_finite_score_formatted_by_a_planning_worker_names_the_model_and_its_line(tmp_path, tiny_model,
+                                                                                       example_table):
+    """On a GPU, workers plan and format what this process scored: NaN scores from every window after the
+    first (the second and third go to the worker; this process scores the fourth itself, perhaps before them)
+    are refused at line 65, the first in the table, named as a single process names it; nothing is written."""
+    from moses_rnn.scoring.scorer import PhraseScorer
+    from moses_rnn.scoring.table import score_table
+
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    run = scorer.run
+
+    def broken(plan):  # the device's scores: NaN after the first window
+        log_p = run(plan)
+        if broken.calls:
+            log_p[:] = np.nan
+        broken.calls += 1
+        return log_p
+
+    broken.calls = 0
+    scorer.run = broken
+    out = tmp_path / "out.gz"
+    with pytest.raises(NonFiniteScores, match=rf"^{re.escape(str(tiny_model))}: non-finite scores "
+                                              rf"\(nan for {re.escape(str(example_table))}:65\)$"):
+        score_table(scorer, str(example_table), str(out), window=64, workers=2, progress=False, planning=True)
+    assert not out.exists()
+
+
 def test_moses_rnn_rescore_nbest_names_the_model_and_the_line(tmp_path, tiny_model):
     model = overflowing(tiny_model, tmp_path)
     src = tmp_path / "src.txt"

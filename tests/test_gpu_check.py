@@ -53,7 +53,7 @@ def test_dry_run_writes_every_check(tmp_path):
         for t in c["targets"]:
             assert t["figure"] in c["figures"], (name, t)
     assert checks["cslm_decode"]["status"] == "skipped" and "--moses" in checks["cslm_decode"]["error"]
-    assert checks["score_sharded"]["figures"]["identical_to_one_process"] is True
+    assert checks["score_sharded"]["figures"]["identical_to_unsharded"] is True
     assert checks["score_sharded"]["passed"] is True
     assert checks["rescore_nbest"]["figures"]["hypotheses_with_feature"] == checks["rescore_nbest"]["figures"][
         "hypotheses"] > 0

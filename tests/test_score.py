@@ -274,6 +274,28 @@ def test_setup_scoring_runs_the_model_with_the_cores_it_should(example_table, ti
         torch.set_num_threads(before)
 
 
+def test_default_workers_by_device_model_and_table(tmp_path, example_table, monkeypatch):
+    """One process for a small table; for a large one, a process per core on CPU for models below `small`,
+    and on a GPU, for any model, up to GPU_WORKERS planning processes, one per core."""
+    import torch
+
+    from moses_rnn.networks.modelbase import preset_config
+    from moses_rnn.scoring import table
+
+    big = tmp_path / "big.phrase-table"
+    big.write_bytes(example_table.read_bytes() * (9 * 2**20 // example_table.stat().st_size))
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    tiny, paper = preset_config("tiny", 100, 100), preset_config("paper", 100, 100)
+    for cores, expected in ((16, {"cpu-tiny": 16, "cpu-paper": 1, "gpu-tiny": 8, "gpu-paper": 8}),
+                            (4, {"cpu-tiny": 4, "cpu-paper": 1, "gpu-tiny": 4, "gpu-paper": 4}),
+                            (1, {"cpu-tiny": 1, "cpu-paper": 1, "gpu-tiny": 1, "gpu-paper": 1})):
+        monkeypatch.setattr(table, "cpu_count", lambda: cores)
+        got = {f"{d}-{m}": table.default_workers(dev, cfg, str(big))
+               for d, dev in (("cpu", cpu), ("gpu", gpu)) for m, cfg in (("tiny", tiny), ("paper", paper))}
+        assert got == expected, cores
+        assert table.default_workers(gpu, paper, str(example_table)) == 1  # small: start-up would not pay
+
+
 def test_a_device_that_is_not_there_is_one_line(example_table, tiny_model, tmp_path):
     import torch
 

@@ -31,8 +31,9 @@ def default_output(table: str, suffix: str = "rnn") -> str:
 @click.option("--threads", type=THREADS, help="CPU threads [all cores, shared by torchrun's local processes; "
                                           "1 for models smaller than `small`].")
 @click.option("--workers", type=click.IntRange(min=1),
-              help="Scoring processes [all cores for models smaller than `small` on CPU and tables over 8 MB; else 1]. "
-                   "On a GPU the others only parse and plan windows for this one, which alone runs the network.")
+              help="Scoring processes [tables over 8 MB: on CPU all cores for models smaller than `small`, on a "
+                   "GPU up to 8; else 1]. On a GPU the others parse, plan and format windows for this one, which "
+                   "alone runs the network.")
 @click.option("--window", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Lines read and scored together.")
 @click.option("--token-budget", type=click.IntRange(min=1), default=16384, show_default=True,

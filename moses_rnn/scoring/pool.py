@@ -27,9 +27,9 @@ from mtcommon.runtime import exit_with_parent
 
 from ..formats.phrasetable import Window
 from ..networks.modelio import load_vocabularies, read_config
-from .plan import Planner
+from .plan import Planner, ScoringPlan
 from .scorer import PhraseScorer
-from .window import PlannedWindow, TableJob, finish_window, parse_checked, plan_window, rewrite_lines, rewrite_window
+from .window import TableJob, format_window, parse_checked, plan_window, rewrite_lines, rewrite_window
 
 WORKER_TAG = "moses-rnn-scoring-worker"  # in a worker's command line, so that `ps` tells what it is
 
@@ -82,9 +82,11 @@ def _planner(model_dir: str, token_budget: int, node_chunk: int) -> Planner:
 
 def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
     """A worker process: its first message says how to load the model and which table it scores; each later
-    one is a window of raw lines, answered with the rewritten window (`window.rewrite_lines`), or for a
-    planning worker with the window parsed and planned (`window.plan_window`), or with the exception met. It
-    ends when the parent closes its request pipe, and dies with the parent (`exit_with_parent`).
+    one is a window of raw lines, answered with the rewritten window (`window.rewrite_lines`) or the exception
+    met. A planning worker gets two kinds: ("plan", first line, raw lines), answered with the window's plan
+    (`window.plan_window`; the window is kept), and ("format", first line, log p), the device's scores of
+    that plan, answered with the rewritten window (`window.format_window`). It ends when the parent closes
+    its request pipe, and dies with the parent (`exit_with_parent`).
 
     Ctrl-C and a closed terminal (SIGINT, SIGHUP, sent to the whole process group) are left to the parent, which
     stops its workers. A thread takes each request as soon as it comes, so the parent never blocks sending a
@@ -118,14 +120,18 @@ def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
                                                     node_chunk=node_chunk, dtype=dtype), None
     except Exception as e:  # every window is answered with it
         failure = e
+    held = {}  # planning: the windows planned and not yet formatted, by first line
     while (request := inbox.get()) is not None:
         try:
             if failure is not None:
                 raise failure
-            if planning:
-                reply = (True, plan_window(planner, parse_checked(job, *pickle.loads(request))))
-            else:
+            if not planning:
                 reply = (True, rewrite_lines(scorer, job, *pickle.loads(request)))
+            elif (message := pickle.loads(request))[0] == "plan":
+                planned = held[message[1]] = plan_window(planner, parse_checked(job, *message[1:]))
+                reply = (True, planned.plan)
+            else:
+                reply = (True, format_window(job, model_dir, held.pop(message[1]), message[2]))
         except Exception as e:
             reply = (False, (e, traceback.format_exc()))
         replies.send_bytes(_dump_reply(reply))
@@ -179,9 +185,9 @@ class _Worker:
         except OSError:
             raise self._died() from None
 
-    def send(self, first_lineno: int, data: bytes) -> _Reply:
+    def send(self, *message) -> _Reply:
         reply = _Reply(self)
-        self._send(pickle.dumps((first_lineno, data), protocol=pickle.HIGHEST_PROTOCOL))
+        self._send(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
         self.waiting.append(reply)
         return reply
 
@@ -217,9 +223,10 @@ class WindowPool:
     and load the model), and no process idles while another has a queue.
 
     On a CPU each worker scores whole windows with a model of its own. With `planning` (the default on a
-    GPU) the workers only parse and plan windows (`window.plan_window`: the host's half, from the
-    vocabularies alone) and this process runs every plan on the device: one process and one CUDA context
-    feed the GPU, and the host work that a lone process does between its kernels is spread over cores.
+    GPU) the workers parse and plan windows (`window.plan_window`: the host's half, from the vocabularies
+    alone) and format them once scored; this process runs every plan on the device. One process and one
+    CUDA context feed the GPU, and the host work that a lone process does between its kernels (8 of its
+    9 µs a line, docs/scoring.md) is spread over cores.
     """
 
     def __init__(self, scorer: PhraseScorer, job: TableJob, workers: int, planning: bool | None = None):
@@ -258,7 +265,7 @@ class WindowPool:
             for first, data in blocks:
                 yield first, rewrite_lines(self.scorer, self.job, first, data)
             return
-        yield from self._with_workers(blocks)
+        yield from (self._with_planners if self.planning else self._with_workers)(blocks)
 
     def _in_this_process(self, first: int, data: bytes):
         try:
@@ -277,8 +284,6 @@ class WindowPool:
                 x = x.value
             if isinstance(x, _Failed):
                 raise x.exc
-            if isinstance(x, PlannedWindow):  # planned by a worker: scored here, in its turn
-                x = finish_window(self.scorer, self.job, x)
             return first, x
 
         for first, data in blocks:
@@ -295,3 +300,52 @@ class WindowPool:
                 yield take()
         while pending:
             yield take()
+
+    def _with_planners(self, blocks):
+        """`results` with planning workers: a window goes to a worker to be planned ("plan"), its plan is run
+        here as soon as it arrives, in table order, and its scores go back to the same worker to be formatted
+        ("format"); this process rewrites a window itself when every worker has its share in hand."""
+        most = len(self.processes) * WINDOWS_PER_WORKER + 2 * self.workers + 2
+        pending: deque[list] = deque()  # [first line, _Reply of the plan or of the text, or the result / _Failed]
+
+        def advance(entry: list, wait: bool) -> None:
+            """Move `entry` on: a plan that has arrived (or, with `wait`, once it has) is run and sent back to
+            be formatted; a text that has arrived (or, with `wait`, once it has) is its result."""
+            while isinstance(reply := entry[1], _Reply):
+                if reply.value is None:
+                    if not wait:
+                        return
+                    reply.worker.read_replies(until=reply)
+                if not isinstance(reply.value, ScoringPlan):  # the rewritten window, or the error met
+                    entry[1] = reply.value
+                    return
+                try:
+                    log_p = self.scorer.run(reply.value)
+                except Exception as e:  # raised in its turn
+                    entry[1] = _Failed(e)
+                    return
+                entry[1] = reply.worker.send("format", entry[0], log_p)
+
+        def finished():
+            entry = pending.popleft()
+            advance(entry, wait=True)
+            if isinstance(entry[1], _Failed):
+                raise entry[1].exc
+            return entry[0], entry[1]
+
+        for first, data in blocks:
+            for worker in self.processes:
+                worker.read_replies()
+            for entry in pending:  # run the plans that have arrived, in table order
+                advance(entry, wait=False)
+            idlest = min(self.processes, key=lambda w: len(w.waiting))
+            if len(idlest.waiting) < WINDOWS_PER_WORKER:
+                pending.append([first, idlest.send("plan", first, data)])
+            else:
+                pending.append([first, self._in_this_process(first, data)])
+            while pending and not isinstance(pending[0][1], _Reply):
+                yield finished()
+            if len(pending) >= most:
+                yield finished()
+        while pending:
+            yield finished()

@@ -81,21 +81,27 @@ def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int
     return ScoringSetup(scorer, dev, used, workers, dist)
 
 
-def default_workers(device: torch.device, config, table: str) -> int:
-    """Worker processes for `score_table`.
+# Processes beside a GPU's: each plans about 160,000 lines/s of the shared table (2-core Intel Xeon, one thread),
+# and the process that runs the plans spends about 1 µs a line on the host besides its kernels
+# (benchmarks/bench_score_host.py), so a few keep it fed.
+GPU_WORKERS = 8
 
-    On CPU, models smaller than the `small` preset spend most of their time
-    in Python (parsing, formatting), which one process cannot spread over
-    cores; there each core gets a process with one torch thread, once the
-    table is large enough (> 8 MB on disk) to repay their start-up (importing
-    torch and loading the model).
-    Larger models and GPUs use one process (torch's own threads or the GPU).
+
+def default_workers(device: torch.device, config, table: str) -> int:
+    """Worker processes for `score_table`, this one included, once the table is large enough (> 8 MB on
+    disk) to repay their start-up (importing torch and loading the model or its vocabularies); else 1.
+
+    On CPU, models smaller than the `small` preset spend most of their time in Python (parsing, formatting),
+    which one process cannot spread over cores; there each core gets a process with one torch thread. Larger
+    models use one process and torch's threads. On a GPU the host's work (parsing, planning, formatting: 8 of
+    the 9 µs a line that one process spends) would set the pace, so up to `GPU_WORKERS` processes, one per
+    core, plan and format windows for this one, which alone runs them (`pool.WindowPool`'s planning).
     """
-    if device.type != "cpu" or is_big(config) or cpu_count() < 2:
+    if cpu_count() < 2 or (device.type == "cpu" and is_big(config)):
         return 1
     if table != "-" and os.path.getsize(table) < 8 << 20:
         return 1
-    return cpu_count()
+    return cpu_count() if device.type == "cpu" else min(cpu_count(), GPU_WORKERS)
 
 
 def workers_warning(workers: int, local_world: int = 1) -> str | None:

@@ -64,16 +64,20 @@ def plan_window(planner: Planner, window: Window) -> PlannedWindow:
                          planner.plan(window.sources, window.targets))
 
 
-def finish_window(scorer: PhraseScorer, job: TableJob, planned: PlannedWindow) -> tuple[bytes, int, int]:
-    """Score a planned window on the scorer's device: its lines with the model's columns appended to field 3
-    (every other byte kept), the number of lines and the number of distinct source phrases. A non-finite
-    log p (a model that overflows) raises NonFiniteScores naming the model and the line (`mtcommon.finite`),
-    so no `nan` is ever written."""
+def format_window(job: TableJob, model: str, planned: PlannedWindow, log_p: np.ndarray) -> tuple[bytes, int, int]:
+    """A planned window's lines with the columns of `log_p` (the device's result for its plan) appended to
+    field 3 (every other byte kept), the number of lines and the number of distinct source phrases. A
+    non-finite log p (a model that overflows) raises NonFiniteScores naming `model` and the line
+    (`mtcommon.finite`), so no `nan` is ever written."""
     plan = planned.plan
-    scores = PhraseScores(scorer.run(plan), plan.symbols, plan.unknown)
-    values = scores.columns(job.normalize, job.unknown)
-    check_finite(values[:, 0], scorer.model_dir or "the model", lambda i: f"for {job.path}:{planned.first_lineno + i}")
+    values = PhraseScores(log_p, plan.symbols, plan.unknown).columns(job.normalize, job.unknown)
+    check_finite(values[:, 0], model, lambda i: f"for {job.path}:{planned.first_lineno + i}")
     return insert_columns(planned.data, planned.insert_at, format_columns(values)), plan.pairs, plan.distinct_sources
+
+
+def finish_window(scorer: PhraseScorer, job: TableJob, planned: PlannedWindow) -> tuple[bytes, int, int]:
+    """`format_window` of a planned window scored on the scorer's device."""
+    return format_window(job, scorer.model_dir or "the model", planned, scorer.run(planned.plan))
 
 
 def rewrite_window(scorer: PhraseScorer, job: TableJob, window: Window) -> tuple[bytes, int, int]:
