@@ -106,9 +106,9 @@ def main():
             main_cpu.append((time.thread_time() - cpu) / stats.lines * 1e6)
             rates.append(stats.pairs_per_second)
             if k > 1:  # this thread's time on the windows the workers planned and formatted, per line
-                alone = free["workers_1"]["main_thread_us_per_line"]
+                solo = free["workers_1"]["main_thread_us_per_line"]
                 done_here = min(stats.lines, (1 + own[0]) * args.window)  # the first window is always done here
-                overhead.append((main_cpu[-1] * stats.lines - alone * done_here) / (stats.lines - done_here))
+                overhead.append((main_cpu[-1] * stats.lines - solo * done_here) / (stats.lines - done_here))
         free[f"workers_{k}"] = {"lines_per_s": round(statistics.median(rates)),
                                 "main_thread_us_per_line": round(statistics.median(main_cpu), 3)}
         if overhead:
