@@ -2,6 +2,7 @@ import gzip
 import itertools
 import math
 import random
+import re
 import subprocess
 import sys
 
@@ -148,6 +149,39 @@ def test_a_plan_from_the_vocabularies_alone_scores_as_the_scorers_own(real_table
     assert len(plan.encoder) > 1 and max(len(level.bounds) for level in plan.levels) > 2  # several batches, chunks
     with pytest.raises(ValueError, match="chunks of 7 decoder nodes, not 9"):
         PhraseScorer.from_dir(str(tiny_model), device="cpu", node_chunk=9).run(plan)
+
+
+def test_a_planning_worker_that_dies_is_one_line_and_leaves_nothing(tmp_path, real_table_slice, tiny_model,
+                                                                   monkeypatch):
+    """A planning worker killed while this process runs plans (out of memory, say): the run stops with the
+    pool's one-line error, no output is written and no worker is left."""
+    from moses_rnn.scoring import pool
+
+    workers = []
+    start = pool._Worker.__init__
+
+    def recorded(self, *a, **k):
+        start(self, *a, **k)
+        workers.append(self)
+
+    monkeypatch.setattr(pool._Worker, "__init__", recorded)
+    scorer = PhraseScorer.from_dir(str(tiny_model), device="cpu")
+    run = scorer.run
+
+    def killing(plan):  # the third plan run here: the worker dies
+        killing.calls += 1
+        if killing.calls == 3:
+            workers[0].process.kill()
+            workers[0].process.wait()
+        return run(plan)
+
+    killing.calls = 0
+    scorer.run = killing
+    out = tmp_path / "out.gz"
+    with pytest.raises(ChildProcessError, match=rf"^{re.escape(str(real_table_slice))}: a scoring worker process "
+                                                r"died \(killed, or out of memory\?\); try fewer --workers$"):
+        score_table(scorer, str(real_table_slice), str(out), window=200, workers=2, progress=False, planning=True)
+    assert not out.exists() and all(w.process.poll() is not None for w in workers)
 
 
 @pytest.mark.parametrize("planning", [False, True])
