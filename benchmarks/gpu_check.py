@@ -514,7 +514,8 @@ class GpuCheck:
         p = c.run([*tool("moses-rnn"), "score", table, "-m", model, "-o", out, "--device", self.device,
                    "--dtype", dtype, "--quiet"])
         lines = parse_rate(r"(\d+) lines,", p.stderr, "its lines")
-        figures = {"lines": int(lines), "pairs_per_s": parse_rate(r"(\d+) pairs/s", p.stderr, "its pairs/s")}
+        figures = {"lines": int(lines), "pairs_per_s": parse_rate(r"(\d+) pairs/s", p.stderr, "its pairs/s"),
+                   "processes": int(parse_rate(r"\((\d+) process", p.stderr, "its processes"))}
         self.state[f"scored_{dtype}"] = out
         if dtype == "bf16":
             if "scored_fp32" not in self.state:

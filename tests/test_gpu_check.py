@@ -54,6 +54,8 @@ def test_dry_run_writes_every_check(tmp_path):
             assert t["figure"] in c["figures"], (name, t)
     assert checks["cslm_decode"]["status"] == "skipped" and "--moses" in checks["cslm_decode"]["error"]
     assert checks["score_sharded"]["figures"]["identical_to_unsharded"] is True
+    assert checks["score_fp32"]["figures"]["processes"] >= 1  # the default's, which score_workers compares with
+    assert checks["score_workers"]["figures"]["identical_to_default"] is True
     assert checks["score_sharded"]["passed"] is True
     assert checks["rescore_nbest"]["figures"]["hypotheses_with_feature"] == checks["rescore_nbest"]["figures"][
         "hypotheses"] > 0
