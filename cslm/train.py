@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
-from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
+from mtcommon.trainer import Schedule, Trainer, adam, apply_recipe, lr_factor
 from mtcommon.vocab import BOS, EOS
 
 from . import modeldir
@@ -269,7 +269,7 @@ class NgramTrainer(Trainer):
     def build_optimizer(self, model):
         cfg = self.cfg
         if cfg.optimizer == "adam":
-            return torch.optim.Adam(model.parameters(), lr=cfg.lr or 1e-3)
+            return adam(model.parameters(), cfg.lr or 1e-3)
         if cfg.optimizer == "sgd":
             return torch.optim.SGD(model.parameters(), lr=cfg.lr or 0.05)
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose adam or sgd")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from mtcommon.errors import UserError
 from mtcommon.runtime import is_big
-from mtcommon.trainer import Schedule, Trainer, apply_recipe, lr_factor
+from mtcommon.trainer import Schedule, Trainer, adam, apply_recipe, lr_factor
 from mtcommon.subword import SubwordVocabulary
 from mtcommon.textio import iter_lines
 from mtcommon.vocab import EOS, RESERVED, Vocabulary
@@ -367,7 +367,7 @@ class PairTrainer(Trainer):
         if cfg.optimizer == "adadelta":  # Appendix A.2: eps 1e-6, rho 0.95
             return torch.optim.Adadelta(model.parameters(), lr=cfg.lr, rho=cfg.rho, eps=cfg.eps)
         if cfg.optimizer == "adam":
-            return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+            return adam(model.parameters(), cfg.lr)
         raise ValueError(f"unknown optimizer {cfg.optimizer!r}; choose adadelta or adam")
 
     def build_objective(self, model):
