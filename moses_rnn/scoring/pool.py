@@ -225,8 +225,8 @@ class WindowPool:
     On a CPU each worker scores whole windows with a model of its own. With `planning` (the default on a
     GPU) the workers parse and plan windows (`window.plan_window`: the host's half, from the vocabularies
     alone) and format them once scored; this process runs every plan on the device. One process and one
-    CUDA context feed the GPU, and the host work that a lone process does between its kernels (8 of its
-    9 µs a line, docs/scoring.md) is spread over cores.
+    CUDA context feed the GPU, and the host work that a lone process does between its kernels (6-8 µs a
+    line, docs/scoring.md, "The GPU path") is spread over cores.
     """
 
     def __init__(self, scorer: PhraseScorer, job: TableJob, workers: int, planning: bool | None = None):

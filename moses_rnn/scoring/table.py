@@ -81,9 +81,9 @@ def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int
     return ScoringSetup(scorer, dev, used, workers, dist)
 
 
-# Processes beside a GPU's: each plans about 160,000 lines/s of the shared table (2-core Intel Xeon, one thread),
-# and the process that runs the plans spends about 1 µs a line on the host besides its kernels
-# (benchmarks/bench_score_host.py), so a few keep it fed.
+# Processes beside a GPU's: each plans and formats 120,000-180,000 lines/s of the shared table (2-core Intel
+# Xeon, one thread), and the process that runs the plans spends about 1 µs a line on the host besides its
+# kernels (benchmarks/bench_score_host.py, docs/scoring.md), so a few keep it fed.
 GPU_WORKERS = 8
 
 
@@ -93,10 +93,10 @@ def default_workers(device: torch.device, config, table: str) -> int:
 
     On CPU, models smaller than the `small` preset spend most of their time in Python (parsing, formatting),
     which one process cannot spread over cores; there each core gets a process with one torch thread. Larger
-    models use one process and torch's threads. On a GPU the host's work (parsing, planning, formatting: 8 of
-    the 9 µs a line that one process spends) would set the pace, so up to `GPU_WORKERS` processes, one per
-    core, plan and format windows for this one, which alone runs them (`pool.WindowPool`'s planning).
-    """
+    models use one process and torch's threads. On a GPU the host's work (reading, parsing, planning,
+    formatting, writing: 6-8 µs a line in one process) would set the pace, so up to `GPU_WORKERS`
+    processes, one per core, plan and format windows for this one, which alone runs them
+    (`pool.WindowPool`'s planning)."""
     if cpu_count() < 2 or (device.type == "cpu" and is_big(config)):
         return 1
     if table != "-" and os.path.getsize(table) < 8 << 20:

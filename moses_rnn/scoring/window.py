@@ -42,9 +42,7 @@ def first_window(table: str, head: tuple[int, bytes] | None, normalize: bool = F
         raise empty_table_error(table)
     first, data = head
     job = TableJob(table, first_line_scores(data, table, first), normalize, unknown, max_words)
-    window = parse_window(data, table, first, job.nscores)
-    check_phrase_lengths(window, job)
-    return job, window
+    return job, parse_checked(job, first, data)
 
 
 @dataclass
