@@ -110,14 +110,6 @@ class PhraseScorer:
         self.dtype = dtype_name(amp)  # what worker processes are given
         self.distinct_sources, self.encoder_tokens, self.decoder_nodes = counts
 
-    def _upload(self, array: np.ndarray) -> torch.Tensor:
-        """A host array on the scoring device: pinned and copied asynchronously on CUDA (the copy
-        queues behind the kernels already launched instead of waiting for them)."""
-        t = torch.from_numpy(np.ascontiguousarray(array))
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t
-
     def score(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
         """log p(target | source) of each (source, target) pair of str, float64 [len(pairs)]."""
         return self.score_keys(*phrase_keys(pairs)).log_p
@@ -159,8 +151,11 @@ class PhraseScorer:
             return self._decode_prefix_tree(ctx, plan, levels, parents)
 
     def _upload_all(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        """Host int64 arrays on the scoring device, as views of one transfer."""
-        flat = self._upload(np.concatenate([a.ravel() for a in arrays]))
+        """Host int64 arrays on the scoring device, as views of one transfer: on CUDA from pinned memory and
+        asynchronous (the copy queues behind the kernels already launched instead of waiting for them)."""
+        flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
+        if self.device.type == "cuda":
+            flat = flat.pin_memory().to(self.device, non_blocking=True)
         views, at = [], 0
         for a in arrays:
             views.append(flat[at : at + a.size].view(a.shape))

@@ -9,9 +9,8 @@ import numpy as np
 
 from mtcommon.finite import check_finite
 
-from ..formats.phrasetable import (MAX_PHRASE_WORDS, Window, empty_table_error, first_line_scores, format_columns,
-                                   insert_columns, parse_window)
-from ..formats.phrasetable import check_phrase_lengths as phrase_lengths
+from ..formats.phrasetable import (MAX_PHRASE_WORDS, Window, check_phrase_lengths, empty_table_error,
+                                   first_line_scores, format_columns, insert_columns, parse_window)
 from .plan import Planner, ScoringPlan
 from .scorer import PhraseScorer, PhraseScores
 
@@ -25,12 +24,6 @@ class TableJob:
     normalize: bool = False
     unknown: bool = False
     max_words: int = MAX_PHRASE_WORDS  # the longest phrase scored, in words
-
-
-def check_phrase_lengths(window: Window, job: TableJob) -> None:
-    """An InputError naming the first line of `window` (table order) with a phrase of more than
-    `job.max_words` words (`phrasetable.check_phrase_lengths`, which `augment` applies too)."""
-    phrase_lengths(window.sources, window.targets, job.path, window.first_lineno, job.max_words)
 
 
 def first_window(table: str, head: tuple[int, bytes] | None, normalize: bool = False, unknown: bool = False,
@@ -73,21 +66,17 @@ def format_window(job: TableJob, model: str, planned: PlannedWindow, log_p: np.n
     return insert_columns(planned.data, planned.insert_at, format_columns(values)), plan.pairs, plan.distinct_sources
 
 
-def finish_window(scorer: PhraseScorer, job: TableJob, planned: PlannedWindow) -> tuple[bytes, int, int]:
-    """`format_window` of a planned window scored on the scorer's device."""
-    return format_window(job, scorer.model_dir or "the model", planned, scorer.run(planned.plan))
-
-
 def rewrite_window(scorer: PhraseScorer, job: TableJob, window: Window) -> tuple[bytes, int, int]:
-    """`finish_window` of a parsed window, planned in this process."""
-    return finish_window(scorer, job, plan_window(scorer.planner, window))
+    """`format_window` of a parsed window, planned in this process and scored on the scorer's device."""
+    planned = plan_window(scorer.planner, window)
+    return format_window(job, scorer.model_dir or "the model", planned, scorer.run(planned.plan))
 
 
 def parse_checked(job: TableJob, first_lineno: int, data: bytes) -> Window:
     """Raw table lines (`data`, whole lines, the first numbered `first_lineno`) parsed and checked: a phrase
     longer than `job.max_words` words raises InputError naming its line."""
     window = parse_window(data, job.path, first_lineno, job.nscores)
-    check_phrase_lengths(window, job)
+    check_phrase_lengths(window.sources, window.targets, job.path, window.first_lineno, job.max_words)
     return window
 
 
