@@ -22,16 +22,14 @@ import statistics
 import time
 
 import numpy as np
-import torch
 
-from common import emit, require_shared, table_slice, untrained_model_dir, workdir
+from common import emit, one_thread_slice, untrained_model_dir
 from moses_rnn.formats.phrasetable import format_columns, insert_columns
 from moses_rnn.scoring import pool
 from moses_rnn.scoring.scorer import PhraseScorer
 from moses_rnn.scoring.table import score_table
 from moses_rnn.scoring.window import first_window, parse_checked, plan_window
 from mtcommon.outputs import atomic_output
-from mtcommon.runtime import configure_threads
 from mtcommon.textio import iter_line_blocks
 
 
@@ -48,10 +46,7 @@ def main():
                          "this process spends on the windows the workers do)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    require_shared()
-    configure_threads(torch.device("cpu"), 1)
-    tmp = workdir()
-    table = table_slice(args.lines, tmp)
+    tmp, table = one_thread_slice(args.lines)
     scorer = PhraseScorer.from_dir(untrained_model_dir(args.preset, table, tmp), device="cpu")
 
     t = time.perf_counter()

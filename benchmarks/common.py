@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import sys
@@ -67,17 +68,23 @@ def filter_arpa(src: str | Path, dst: str | Path, vocab: set[str]) -> dict[int, 
     return {n: len(v) for n, v in sections.items()}
 
 
-def untrained_model_dir(preset: str, vocab_table: str, folder: str) -> str:
-    """A model directory of `preset` sizes, shortlists from `vocab_table`, random weights.
+def untrained_model_dir(preset: str, vocab_table: str, folder: str, width: int | None = None) -> str:
+    """A model directory of `preset` sizes, shortlists from `vocab_table`, random weights; with `width`, every
+    layer (embeddings, hidden state, maxout, output rank) that wide instead, the architecture and shortlists
+    kept.
 
     Speed does not depend on the weights' values, so benchmarks need no training.
     """
-    model_dir = os.path.join(folder, f"model-{preset}")
+    model_dir = os.path.join(folder, f"model-{preset}" + (f"-width{width}" if width else ""))
     size = preset_vocab(preset)
     src_vocab, tgt_vocab = build_vocabularies(vocab_table, size, size)
     modelio.save_vocabularies(model_dir, src_vocab, tgt_vocab)
     torch.manual_seed(0)
-    model = build_model(preset_config(preset, len(src_vocab), len(tgt_vocab)))
+    cfg = preset_config(preset, len(src_vocab), len(tgt_vocab))
+    if width:
+        cfg = dataclasses.replace(cfg, **{f: width for f in ("hidden", "embed", "maxout", "out_rank")
+                                          if getattr(cfg, f, None)})
+    model = build_model(cfg)
     model.init_weights()
     modelio.save_model(model_dir, model, {"note": "untrained, for benchmarks"})
     return model_dir
@@ -130,3 +137,13 @@ def workdir() -> str:
 def require_shared() -> None:
     if not REAL_TABLE.exists():
         raise SystemExit(f"benchmarks need ../shared/data beside the project ({REAL_TABLE} is missing)")
+
+
+def one_thread_slice(lines: int) -> tuple[str, str]:
+    """(a fresh work folder, the shared table's first `lines` lines in it), torch on one CPU thread."""
+    from mtcommon.runtime import configure_threads
+
+    require_shared()
+    configure_threads(torch.device("cpu"), 1)
+    tmp = workdir()
+    return tmp, table_slice(lines, tmp)

@@ -43,7 +43,9 @@ Checks, in order (later ones use what earlier ones trained; the CSLM's first, th
                 or on CPU; else 1): output byte-identical to one process;
   score_workers `moses-rnn score --workers K` (K = 1: one process alone; K = 4: 3 processes plan
                 and format windows for the one that runs them on the GPU; the default is up to
-                8): pairs/s, output byte-identical to the default's;
+                8): pairs/s, output byte-identical to the default's; and the default with a
+                CPU's window and token budget (`--window 8192 --token-budget 16384`, a GPU's
+                default sizes are larger, docs/scoring.md): pairs/s, |delta log p| <= 1e-4;
   train_sent, translate, rescore_nbest
                 an RNNsearch sentence model trained for 30 s (`moses-rnn train --corpus`),
                 `moses-rnn translate` of 300 dev sentences (sentences/s, beam 5) and
@@ -154,7 +156,7 @@ DRY = Sizes(
 # per check: its own timeout (seconds), within what is left of --budget
 TIMEOUTS = {"matmul": 30, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60, "cslm_decode": 300,
             "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90,
-            "score_sharded": 90, "score_workers": 120, "train_sent": 80, "translate": 40, "rescore_nbest": 60}
+            "score_sharded": 90, "score_workers": 150, "train_sent": 80, "translate": 40, "rescore_nbest": 60}
 
 
 # what each check uses of an earlier one: the matmul rates, the models trained, the fp32 output
@@ -430,6 +432,7 @@ class GpuCheck:
              [Target("pairs_per_s", ">=", 2e6, gpu_only=True), Target("mean_abs_delta_logp", "<=", 0.02)]),
             ("score_sharded", self.score_sharded, [Target("identical_to_unsharded", "==", True)]),
             ("score_workers", self.score_workers, [Target("identical_to_default", "==", True),
+                                                   Target("cpu_sizes_max_abs_delta_logp", "<=", 1e-4),
                                                    Target("pairs_per_s", ">=", 2e6, gpu_only=True)]),
             ("train_sent", self.train_sent, []),
             ("translate", self.translate, []),
@@ -547,7 +550,8 @@ class GpuCheck:
     def score_workers(self, c: Check) -> dict:
         """`score --workers K` (on a GPU K-1 processes plan and format windows for the one that runs them; on a
         CPU each scores windows of its own): pairs/s for each K, and every output byte-identical to the
-        default's (score_fp32)."""
+        default's (score_fp32). Then the default with a CPU's window and token budget: pairs/s against the
+        default's (on a GPU other matrix shapes, so the largest |delta log p| rather than the bytes)."""
         if "scored_fp32" not in self.state:
             raise Skip("no default output to compare with (score_fp32 failed)")
         table, model = self.table(self.sizes.score_lines), self.scoring_model()
@@ -565,6 +569,14 @@ class GpuCheck:
                 same = same and f.read() == one
         figures["identical_to_default"] = same
         figures["pairs_per_s"] = max(figures[f"workers_{k}_pairs_per_s"] for k in self.sizes.score_workers)
+        out = os.path.join(self.work, "scored-cpu-sizes.gz")
+        p = c.run([*tool("moses-rnn"), "score", table, "-m", model, "-o", out, "--device", self.device,
+                   "--dtype", "fp32", "--window", "8192", "--token-budget", "16384", "--quiet"])
+        rate = parse_rate(r"(\d+) pairs/s", p.stderr, "its pairs/s")
+        figures["cpu_sizes_pairs_per_s"] = rate
+        figures["default_over_cpu_sizes"] = round(self.state["fp32_rate"] / rate, 3)
+        a, b = appended_column(self.state["scored_fp32"]), appended_column(out)
+        figures["cpu_sizes_max_abs_delta_logp"] = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
         return figures
 
     def train_sent(self, c: Check) -> dict:

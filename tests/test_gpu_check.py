@@ -56,6 +56,7 @@ def test_dry_run_writes_every_check(tmp_path):
     assert checks["score_sharded"]["figures"]["identical_to_unsharded"] is True
     assert checks["score_fp32"]["figures"]["processes"] >= 1  # the default's, which score_workers compares with
     assert checks["score_workers"]["figures"]["identical_to_default"] is True
+    assert checks["score_workers"]["figures"]["cpu_sizes_max_abs_delta_logp"] == 0.0  # on CPU the same sizes
     assert checks["score_sharded"]["passed"] is True
     assert checks["rescore_nbest"]["figures"]["hypotheses_with_feature"] == checks["rescore_nbest"]["figures"][
         "hypotheses"] > 0

@@ -34,10 +34,11 @@ def default_output(table: str, suffix: str = "rnn") -> str:
               help="Scoring processes [tables over 8 MB: on CPU all cores for models smaller than `small`, on a "
                    "GPU up to 8; else 1]. On a GPU the others parse, plan and format windows for this one, which "
                    "alone runs the network.")
-@click.option("--window", type=click.IntRange(min=1), default=8192, show_default=True,
-              help="Lines read and scored together.")
-@click.option("--token-budget", type=click.IntRange(min=1), default=16384, show_default=True,
-              help="Source words per encoder batch.")
+@click.option("--window", type=click.IntRange(min=1),
+              help="Lines read and scored together [8192 on CPU; 65536 on a GPU, 32768 on 8 and 12 GB cards].")
+@click.option("--token-budget", type=click.IntRange(min=1),
+              help="Source words per encoder batch [16384 on CPU; on a GPU 65536 for a 16 GB card, 32768 to "
+                   "262144 by its memory].")
 @click.option("--max-phrase-words", type=click.IntRange(min=1), default=1000, show_default=True,
               help="Longest phrase scored, in words: a longer one is an error naming its line (time and memory "
                    "grow with a phrase's length; Moses's phrases have up to 7 words by default).")

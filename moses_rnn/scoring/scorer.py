@@ -7,6 +7,8 @@ docs/scoring.md, "How the scorer works".
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -20,15 +22,51 @@ from ..networks.modelio import LoadedModel, load_model
 from .bf16 import bfloat16_copy
 from .plan import Planner, ScoringPlan
 
-# Logits computed at once (rows x shortlist) by the prefix-tree decoder: on a CPU a block that stays in a core's
-# L2 cache for the max / exp / sum passes of the in-place normaliser, on a GPU one large enough to fill it. Never
-# fewer than 512 rows, so that large shortlists still get matrix products of useful size.
-LOGIT_BLOCK = {"cpu": 1 << 18, "cuda": 1 << 26}
+@dataclass(frozen=True)
+class Sizes:
+    """How much the scorer does at once on a device (`device_sizes`)."""
+
+    window: int  # table lines read, planned and scored together (`table.score_table`'s default)
+    token_budget: int  # source words per encoder batch (rows x width)
+    logit_block: int  # logits computed at once by the prefix-tree decoder (nodes x shortlist)
 
 
-def default_node_chunk(device: torch.device, vocab_size: int) -> int:
-    """Decoder nodes (rows of the softmax) computed together on `device` for this shortlist size."""
-    return max(512, LOGIT_BLOCK.get(device.type, LOGIT_BLOCK["cpu"]) // max(vocab_size, 1))
+# On a CPU the time is arithmetic: a logit block stays in a core's L2 cache for the max / exp / sum passes of
+# the in-place normaliser.
+CPU_SIZES = Sizes(window=8192, token_budget=16384, logit_block=1 << 18)
+# On a GPU much of it is the host's: every kernel is launched from Python, so fewer and larger ones. For the
+# `paper` preset on the shared table, 0.030 device operations a line on an 80 GB GPU instead of 0.163 with a
+# CPU's window and token budget (docs/scoring.md, "The GPU path"). These are the sizes for a 16 GB GPU;
+# `gpu_sizes` scales them with the device's memory.
+GPU_SIZES = Sizes(window=65536, token_budget=65536, logit_block=1 << 26)
+
+
+def gpu_sizes(memory: int) -> Sizes:
+    """`GPU_SIZES` for a GPU of `memory` bytes: the token budget and logit block times the power of two nearest
+    below memory / 15 GiB (a card sold as 16 GB holds a little less than 16 GiB), from 1/2 to 4: 1/2 for 8
+    and 12 GB cards, 1 for 16 and 24 GB, 2 for 32 to 48 GB, 4 for 80 GB and more. The window is halved on
+    the cards of 1/2, never grown."""
+    scale = 2.0 ** min(2, max(-1, math.floor(math.log2(max(memory, 1) / (15 << 30)))))
+    # the window only down: its distinct sources' encoder contexts stay on the GPU; with the `paper` RNNsearch
+    # a window of 65,536 lines of the shared table holds up to 43,524 sources x 7 positions x 3,000 floats of
+    # annotations and keys, about 3.6 GB
+    return Sizes(window=int(GPU_SIZES.window * min(scale, 1)), token_budget=int(GPU_SIZES.token_budget * scale),
+                 logit_block=int(GPU_SIZES.logit_block * scale))
+
+
+def device_sizes(device: torch.device) -> Sizes:
+    """The sizes the scorer uses on `device`: `CPU_SIZES`, or a CUDA device's `gpu_sizes`."""
+    if device.type != "cuda":
+        return CPU_SIZES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return gpu_sizes(torch.cuda.get_device_properties(index).total_memory)
+
+
+def default_node_chunk(device: torch.device, vocab_size: int, sizes: Sizes | None = None) -> int:
+    """Decoder nodes (rows of the softmax) computed together on `device` (or with `sizes`) for this shortlist
+    size: a logit block's worth, and never fewer than 512 rows, so that large shortlists still get matrix
+    products of useful size."""
+    return max(512, (sizes or device_sizes(device)).logit_block // max(vocab_size, 1))
 
 
 def phrase_keys(pairs: Sequence[tuple[str, str]]) -> tuple[list[bytes], list[bytes]]:
@@ -62,7 +100,7 @@ class PhraseScorer:
     phrases as a table window holds them; in float32, or in bfloat16 with `dtype` 'bf16' (or 'auto' where it
     chooses so)."""
 
-    def __init__(self, loaded: LoadedModel, token_budget: int = 16384, model_dir: str | None = None,
+    def __init__(self, loaded: LoadedModel, token_budget: int | None = None, model_dir: str | None = None,
                  node_chunk: int | None = None, dtype: str = "fp32"):
         self.model_dir = model_dir  # lets worker processes load the same model
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
@@ -72,9 +110,11 @@ class PhraseScorer:
         self.dtype = dtype
         self.amp = None if dtype == "auto" else amp_dtype(self.device, dtype)  # None: float32
         self.model = model if self.amp is None else bfloat16_copy(model)
-        self.token_budget = token_budget
-        self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab))
-        self.planner = Planner(self.src_vocab, self.tgt_vocab, token_budget, self.node_chunk)
+        # unless given: the device's (`device_sizes`); `sizes.window` is what `score_table` reads by default
+        self.sizes = device_sizes(self.device)
+        self.token_budget = token_budget or self.sizes.token_budget
+        self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab), self.sizes)
+        self.planner = Planner(self.src_vocab, self.tgt_vocab, self.token_budget, self.node_chunk)
         self.eos = self.planner.eos
         self.distinct_sources = 0  # running counts over all calls, for reports and benchmarks
         self.encoder_tokens = 0

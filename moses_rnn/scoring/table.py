@@ -56,15 +56,15 @@ class ScoringSetup:
 
 
 def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int | None = None,
-                  workers: int | None = None, token_budget: int = 16384, dtype: str = "fp32",
+                  workers: int | None = None, token_budget: int | None = None, dtype: str = "fp32",
                   dist: Distributed | None = None) -> ScoringSetup:
     """Load the model of `model_dir` for scoring `table`, choosing what is not given.
 
     The device ('auto': CUDA when available; under torchrun, cuda:LOCAL_RANK),
     torch's CPU threads (`configure_threads`: by model size; under torchrun the
     processes of a machine share its cores), the worker processes
-    (`default_workers`) and the compute dtype (`runtime.amp_dtype`; 'auto' is settled on the table's first
-    window by `score_table`). `moses-rnn
+    (`default_workers`), the encoder's token budget (`scorer.device_sizes`) and the compute dtype
+    (`runtime.amp_dtype`; 'auto' is settled on the table's first window by `score_table`). `moses-rnn
     score` and the benchmarks call this, so they measure what the command runs.
     """
     dist = dist or Distributed()
@@ -134,13 +134,13 @@ def _prologue(scorer: PhraseScorer, table: str, window: int, normalize: bool, un
 
 
 def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool = False, unknown: bool = False,
-                window: int = 8192, workers: int = 1, progress: bool = True, dist: Distributed | None = None,
+                window: int | None = None, workers: int = 1, progress: bool = True, dist: Distributed | None = None,
                 max_words: int = MAX_PHRASE_WORDS, planning: bool | None = None) -> ScoreStats:
     """Append the model's columns to every line of `table`, writing `output` atomically.
 
-    The table is read in windows of `window` lines; each window is parsed, scored and formatted by one of
-    `workers` processes (`WindowPool`): this one (with `workers` = 1 alone; torch uses its own threads or the
-    GPU) and `workers` - 1 worker processes, each loading the model from `scorer.model_dir` (with `planning`,
+    The table is read in windows of `window` lines (by default the scorer's device's, `scorer.device_sizes`);
+    each window is parsed, scored and formatted by one of `workers` processes (`WindowPool`): this one (with
+    `workers` = 1 alone; torch uses its own threads or the GPU) and `workers` - 1 worker processes, each loading the model from `scorer.model_dir` (with `planning`,
     the default on a GPU, they only parse and plan windows and this process scores them all). Results are
     written in input order; memory is bounded by a few windows per worker, whatever the size of the table.
     Gzip decompression and compression run in their own threads. A phrase of more than `max_words` words is an
@@ -149,6 +149,7 @@ def score_table(scorer: PhraseScorer, table: str, output: str, normalize: bool =
     """
     start = time.perf_counter()
     sharded = dist is not None and dist.enabled
+    window = window or scorer.sizes.window
 
     def prologue(combine=None):
         quiet = not progress or (sharded and not dist.is_main)
