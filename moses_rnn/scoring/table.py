@@ -82,8 +82,8 @@ def setup_scoring(model_dir: str, table: str, device: str = "auto", threads: int
 
 
 # Processes beside a GPU's: each plans and formats 120,000-180,000 lines/s of the shared table (2-core Intel
-# Xeon, one thread), and the process that runs the plans spends about 1 µs a line on the host besides its
-# kernels (benchmarks/bench_score_host.py, docs/scoring.md), so a few keep it fed.
+# Xeon, one thread), and the process that runs the plans spends 0.5-0.9 µs a line on the host besides its
+# kernels with a GPU's windows (benchmarks/bench_score_host.py, docs/scoring.md), so a few keep it fed.
 GPU_WORKERS = 8
 
 
