@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common import emit, one_thread_slice, untrained_model_dir
-from moses_rnn.scoring.scorer import CPU_SIZES, PhraseScorer, default_node_chunk, gpu_sizes
+from moses_rnn.scoring.scorer import CPU_SIZES, PhraseScorer, gpu_sizes
 from moses_rnn.scoring.window import first_window, parse_checked, plan_window
 from mtcommon.textio import iter_line_blocks
 
@@ -53,9 +52,8 @@ def main():
     model_dir = untrained_model_dir(args.preset, table, tmp, width=8)
     rows, vocab = {}, None
     for name, sizes in SIZES.items():
-        scorer = PhraseScorer.from_dir(model_dir, device="cpu", token_budget=sizes.token_budget)
-        vocab = len(scorer.tgt_vocab)
-        chunk = scorer.node_chunk = scorer.planner.chunk = default_node_chunk(torch.device("cpu"), vocab, sizes)
+        scorer = PhraseScorer.from_dir(model_dir, device="cpu", sizes=sizes)  # a GPU's sizes, run on this CPU
+        vocab, chunk = len(scorer.tgt_vocab), scorer.node_chunk
         blocks = list(iter_line_blocks(table, sizes.window))
         job, _ = first_window(table, blocks[0])
         ops = lines = windows = batches = chunks = 0

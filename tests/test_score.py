@@ -339,14 +339,14 @@ def test_the_scorers_sizes_by_device_and_memory():
     from moses_rnn.scoring import scorer as sc
 
     assert sc.device_sizes(torch.device("cpu")) == sc.CPU_SIZES
-    assert sc.default_node_chunk(torch.device("cpu"), 100) == (1 << 18) // 100
-    assert sc.default_node_chunk(torch.device("cpu"), 1000) == 512
+    assert sc.CPU_SIZES.node_chunk(100) == (1 << 18) // 100
+    assert sc.CPU_SIZES.node_chunk(1000) == 512
     gib = 1 << 30
     for memory, scale in ((7.8, 0.5), (15.8, 1), (23.6, 1), (31.7, 2), (39.4, 2), (79.1, 4), (139.8, 4)):
         got = sc.gpu_sizes(int(memory * gib))
         assert (got.window, got.token_budget, got.logit_block) == \
             (int(65536 * min(scale, 1)), int(65536 * scale), int((1 << 26) * scale)), memory
-        assert sc.default_node_chunk(torch.device("cuda", 0), 15000, got) == int((1 << 26) * scale) // 15000
+        assert got.node_chunk(15000) == int((1 << 26) * scale) // 15000
 
 
 def test_a_device_that_is_not_there_is_one_line(example_table, tiny_model, tmp_path):

@@ -30,6 +30,12 @@ class Sizes:
     token_budget: int  # source words per encoder batch (rows x width)
     logit_block: int  # logits computed at once by the prefix-tree decoder (nodes x shortlist)
 
+    def node_chunk(self, vocab_size: int) -> int:
+        """Decoder nodes (rows of the softmax) computed together for this shortlist size: a logit block's
+        worth, and never fewer than 512 rows, so that large shortlists still get matrix products of useful
+        size."""
+        return max(512, self.logit_block // max(vocab_size, 1))
+
 
 # On a CPU the time is arithmetic: a logit block stays in a core's L2 cache for the max / exp / sum passes of
 # the in-place normaliser.
@@ -60,13 +66,6 @@ def device_sizes(device: torch.device) -> Sizes:
         return CPU_SIZES
     index = device.index if device.index is not None else torch.cuda.current_device()
     return gpu_sizes(torch.cuda.get_device_properties(index).total_memory)
-
-
-def default_node_chunk(device: torch.device, vocab_size: int, sizes: Sizes | None = None) -> int:
-    """Decoder nodes (rows of the softmax) computed together on `device` (or with `sizes`) for this shortlist
-    size: a logit block's worth, and never fewer than 512 rows, so that large shortlists still get matrix
-    products of useful size."""
-    return max(512, (sizes or device_sizes(device)).logit_block // max(vocab_size, 1))
 
 
 def phrase_keys(pairs: Sequence[tuple[str, str]]) -> tuple[list[bytes], list[bytes]]:
@@ -101,7 +100,7 @@ class PhraseScorer:
     chooses so)."""
 
     def __init__(self, loaded: LoadedModel, token_budget: int | None = None, model_dir: str | None = None,
-                 node_chunk: int | None = None, dtype: str = "fp32"):
+                 node_chunk: int | None = None, dtype: str = "fp32", sizes: Sizes | None = None):
         self.model_dir = model_dir  # lets worker processes load the same model
         self.src_vocab, self.tgt_vocab = loaded.src_vocab, loaded.tgt_vocab
         model = loaded.model.eval()
@@ -111,9 +110,9 @@ class PhraseScorer:
         self.amp = None if dtype == "auto" else amp_dtype(self.device, dtype)  # None: float32
         self.model = model if self.amp is None else bfloat16_copy(model)
         # unless given: the device's (`device_sizes`); `sizes.window` is what `score_table` reads by default
-        self.sizes = device_sizes(self.device)
+        self.sizes = sizes or device_sizes(self.device)
         self.token_budget = token_budget or self.sizes.token_budget
-        self.node_chunk = node_chunk or default_node_chunk(self.device, len(self.tgt_vocab), self.sizes)
+        self.node_chunk = node_chunk or self.sizes.node_chunk(len(self.tgt_vocab))
         self.planner = Planner(self.src_vocab, self.tgt_vocab, self.token_budget, self.node_chunk)
         self.eos = self.planner.eos
         self.distinct_sources = 0  # running counts over all calls, for reports and benchmarks
