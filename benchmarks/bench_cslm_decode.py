@@ -23,12 +23,19 @@ add the feature (weight 0.1, untuned: this measures speed, not BLEU):
     run ahead for P times its pop limit (predict:P:KEY=VALUE,... adds keys to
     the CSLM line: run-ahead=estimate, rounds=N); and each time a
     popped expansion's successors miss, that cube's reach grown (by A, or 4),
-    in one request (on --slow-sentences sentences).
+    in one request (on --slow-sentences sentences);
+  * in-process, buffered, cube pruning (mode local-cube, one row per --cubes
+    value): the same buffer and run ahead with the in-process evaluator, on
+    the same sentences: what asking ahead costs the decoder itself, so that
+    the server row's excess over it is the server's share (round trips and,
+    on the same cores, its arithmetic).
 
 Each row gives the decoding time without loading (by Moses's own clock, from
 the end of loading to its exit), its ratio to its baseline, and the
 requests, evaluated n-grams and cache hits per sentence (the feature's stats=1
-lines). Server rows use --slow-sentences sentences when that is fewer (the
+lines); a server row adds the server's own time per request, p50 and p99 from
+its payload read to its reply written, and of that its batch's scoring
+(`server_ms`: latency_ms, compute_ms). Server rows use --slow-sentences sentences when that is fewer (the
 per-hypothesis mode can be thousands of times slower), and their ratios are
 to the baseline on those same sentences. Needs a Moses built with
 cslm/moses/add-to-moses.sh: without MOSES the decoding rows are skipped with
@@ -65,6 +72,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED, emit, require_shared  # noqa: E402
+
+from cslm.client import Client  # noqa: E402
 
 SYSTEM = SHARED / "en-fr-moses"
 PIPELINE_FLAGS = ["-search-algorithm", "1", "-cube-pruning-pop-limit", "1000"]
@@ -219,11 +228,25 @@ class Server:
         raise SystemExit("cslm serve did not start")
 
     def __exit__(self, *exc):
+        # the server's own split of a request's time, asked before it stops: from its payload read to its reply
+        # written (latency_ms), and of that its batch's scoring (compute_ms), p50 and p99 in ms
+        self.timing = None
+        try:
+            with Client(port=self.port, timeout=30) as c:
+                s = c.stats()
+            self.timing = {k: {q: s[k][q] for q in ("p50", "p99")} for k in ("latency_ms", "compute_ms")}
+        except OSError:  # ServerError included: the row keeps its times without the split
+            pass
         self.proc.terminate()
         self.proc.wait(60)
         # the server's own account of the row: requests, n-grams and its latency per request (p50, p99)
         lines = [ln for ln in self.proc.stderr.read().splitlines() if ln.startswith("cslm: server stopped")]
         self.summary = lines[-1][len("cslm: "):] if lines else None
+
+    def report(self) -> dict:
+        """What a row adds of the server's own account, warm-up and load included: its summary line, and
+        `server_ms`, the split of a request's time (None when the server did not answer STATS)."""
+        return {"server": self.summary, "server_ms": self.timing}
 
 
 def warm_up(moses: Path, ini: Path, lines: list[str], flags: list[str], threads: int,
@@ -267,8 +290,9 @@ def main() -> None:
     ap.add_argument("--slow-sentences", type=int, default=50, help="sentences for the server rows")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "server-buffered", "server-cube", "server"])
-    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:4"], metavar="CORNER:AHEAD",
+    ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "local-cube", "server-buffered", "server-cube",
+                                                  "server"])
+    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:1.5"], metavar="CORNER:AHEAD",
                     help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
                          "and the factor its reach grows by past a miss), or predict:P for predict=P (each stack's "
                          "search run ahead for P times its pop limit), predict:P:KEY=VALUE,... with more keys of "
@@ -336,7 +360,7 @@ def main() -> None:
     # the rows on fewer sentences are held against the baseline on those same sentences, not on all of them
     slow = lines[: args.slow_sentences]
     slow_base = rows["baseline"]
-    if len(slow) < len(lines) and {"server-cube", "server"} & set(args.modes):
+    if len(slow) < len(lines) and {"server-cube", "local-cube", "server"} & set(args.modes):
         slow_base = rows[f"baseline_first_{len(slow)}"] = run_row(
             f"baseline, first {len(slow)} sentences", moses, base_ini, slow, PIPELINE_FLAGS, args.threads,
             repeats=args.repeats, cpus=dcpus)
@@ -362,6 +386,14 @@ def main() -> None:
         moses_ini(ini, table, lm, local + " buffer=4096")
         rows["cslm_in_process_buffered"] = run_row("in process, buffered", moses, ini, lines, NORMAL_FLAGS,
                                                    args.threads, rows["baseline_normal_search"], args.repeats, dcpus)
+    if "local-cube" in args.modes:  # what asking ahead costs the decoder itself, without a server's round trips
+        for cube in args.cubes:
+            asked, name, what = cube_row(cube)
+            ini = work / f"cslm-local-{name}.ini"
+            moses_ini(ini, table, lm, f"{local} buffer={args.buffer} {asked}")
+            rows[f"cslm_in_process_buffered_{name}"] = run_row(
+                f"in process, buffered, cube pruning, {what}", moses, ini, slow, PIPELINE_FLAGS, args.threads,
+                slow_base, args.repeats, dcpus)
     if "server-cube" in args.modes:
         for cube in args.cubes:
             asked, name, what = cube_row(cube)
@@ -376,7 +408,7 @@ def main() -> None:
                     key = f"cslm_server_buffered_{name}" + (f"_threads_{t}" if t != args.threads else "")
                     row = rows[key] = run_row(f"server, buffered, cube pruning, {what}, {t} threads", moses, ini, slow,
                                               PIPELINE_FLAGS, t, fastest, 1, dcpus)
-                row["server"] = server.summary  # warm-up and load included
+                row.update(server.report())
     for mode in ("server-buffered", "server"):
         if mode not in args.modes:
             continue
@@ -394,8 +426,8 @@ def main() -> None:
                 warm_up(moses, ini, warm[:2], PIPELINE_FLAGS, args.threads, dcpus)
                 rows["cslm_server_per_hypothesis"] = run_row("server, per hypothesis", moses, ini, slow,
                                                              PIPELINE_FLAGS, args.threads, slow_base, 1, dcpus)
-        rows["cslm_server_buffered" if mode == "server-buffered" else "cslm_server_per_hypothesis"]["server"] = \
-            server.summary
+        rows["cslm_server_buffered" if mode == "server-buffered" else "cslm_server_per_hypothesis"].update(
+            server.report())
     report["rows"] = rows
     ratios = [r["ratio_to_baseline"] for r in rows.values() if "ratio_to_baseline" in r]
     if ratios:

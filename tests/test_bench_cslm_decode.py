@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cslm_decode.py"
@@ -105,3 +106,23 @@ def test_decoding_time_is_read_from_moses_own_clock(bench):
     assert load == 3.121 and abs(seconds - 0.082) < 1e-9
     assert bench.moses_times("Created input-output object : [3.1] seconds\n") is None  # killed before its end line
     assert bench.moses_times("real:3.2\n") is None
+
+
+def test_a_server_row_reports_the_servers_split_of_a_request(bench, tmp_path):
+    """The Server wrapper asks the server's STATS before stopping it: latency and compute, p50 and p99."""
+    from cslm.client import Client
+    from cslm.train import TrainConfig, train
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"the cat {i % 7} sat on the mat" for i in range(200)) + "\n")
+    model = tmp_path / "model"
+    train(str(corpus), str(model), TrainConfig(preset="tiny", max_epochs=1, batch_size=64, device="cpu",
+                                               self_norm=0.1), progress=False)
+    with bench.Server(str(model), True, 1, "cpu") as server:
+        with Client(port=server.port) as c:
+            c.score(np.array([[1, 2, 3], [4, 5, 6]], np.int32))
+    report = server.report()
+    assert report["server"].startswith("server stopped after") and "1 score requests" in report["server"]
+    ms = report["server_ms"]
+    assert set(ms) == {"latency_ms", "compute_ms"} and all(set(v) == {"p50", "p99"} for v in ms.values())
+    assert ms["latency_ms"]["p50"] >= ms["compute_ms"]["p50"] > 0
