@@ -117,6 +117,34 @@ def test_local_evaluator_deeper_network(local_exe, model_dir, tmp_path):
     assert np.max(np.abs(got[:, 0] - exact)) < 1e-4
 
 
+
+def test_wide_layers_score_the_same_with_every_kernel(local_exe, model_dir, tmp_path):
+    """Layers of 300 and 270 units: 270 outputs are a block of registers (16 AVX-512 vectors, 8 of AVX2 or
+    SSE2), then whole vectors, then single floats, in each kernel. Each output sums in the same order whatever
+    the block, so every width gives the Python engine's scores, and the kernels agree to float rounding."""
+    import os
+
+    out, loaded, corpus = model_dir
+    from cslm.model import CSLM, CSLMConfig
+
+    cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": (300, 270)})
+    torch.manual_seed(1)
+    model = CSLM(cfg)
+    for p in model.parameters():
+        torch.nn.init.uniform_(p, -0.1, 0.1)
+    wide = tmp_path / "wide"
+    modeldir.save_vocab(str(wide), loaded.vocab)
+    modeldir.save_weights(str(wide), model, {"train_config": {"self_norm": 0.0}})
+    grams = ngrams_of(corpus, cfg.order, 100)
+    exact, _ = Engine.load(str(wide), device="cpu").score_words(grams)
+    text = "".join(" ".join(g) + "\n" for g in grams)
+    for cap in ("avx512", "avx2", "baseline"):
+        r = subprocess.run([str(local_exe), str(wide)], input=text, capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "CSLM_KERNELS": cap})
+        assert r.returncode == 0, r.stderr
+        got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+        assert got.shape == (len(grams), 2) and np.max(np.abs(got[:, 0] - exact)) < 1e-4, cap
+
 @pytest.mark.parametrize("train_config,self_normalized", [({"self_norm": 0.0}, 0), ({"self_norm": 0.1}, 1),
                                                            ({"self_norm": 0.0, "objective": "nce"}, 1),
                                                            ({"self_norm": 0.0, "objective": "softmax"}, 0)])

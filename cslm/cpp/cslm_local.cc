@@ -140,28 +140,37 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
 
 // y = bias + sum_i val[i] * wt[idx[i]]: a rectified layer's product with only
 // its nonzero inputs (about half of them after a ReLU). The output is computed
-// four vectors (V, W floats each) at a time in registers, so each weight row is
-// read once per block and y is written once, instead of read and written once per input.
-#define CSLM_GEMV_BODY(V, VU, W)                                          \
-  const size_t kBlock = 4 * (W);                                          \
+// NB vectors (V, W floats each) at a time in registers, so that each weight
+// row is read in one pass of NB*W contiguous floats per block and y is written
+// once: with AVX-512's 32 registers a block of 16 covers a 256-unit layer
+// whole, so each nonzero input's row streams through once. What is left of
+// the output goes one vector, then one float, at a time. Every y[j] is summed
+// in the same order (bias, then i = 0, 1, ...) whatever the block, so the
+// result does not depend on NB or on the layer's width.
+#define CSLM_GEMV_BODY(V, VU, W, NB)                                      \
+  const size_t kBlock = (NB) * (W);                                       \
   size_t j = 0;                                                           \
   for (; j + kBlock <= out; j += kBlock) {                                \
-    V acc0 = *reinterpret_cast<const VU*>(bias + j);                      \
-    V acc1 = *reinterpret_cast<const VU*>(bias + j + (W));                \
-    V acc2 = *reinterpret_cast<const VU*>(bias + j + 2 * (W));            \
-    V acc3 = *reinterpret_cast<const VU*>(bias + j + 3 * (W));            \
+    V acc[NB];                                                            \
+    _Pragma("GCC unroll 16")                                              \
+    for (size_t b = 0; b < (NB); ++b)                                     \
+      acc[b] = *reinterpret_cast<const VU*>(bias + j + b * (W));          \
     for (size_t i = 0; i < nnz; ++i) {                                    \
       const float* w = wt + idx[i] * out + j;                             \
       const V a = V{} + val[i];                                           \
-      acc0 += a * *reinterpret_cast<const VU*>(w);                        \
-      acc1 += a * *reinterpret_cast<const VU*>(w + (W));                  \
-      acc2 += a * *reinterpret_cast<const VU*>(w + 2 * (W));              \
-      acc3 += a * *reinterpret_cast<const VU*>(w + 3 * (W));              \
+      _Pragma("GCC unroll 16")                                            \
+      for (size_t b = 0; b < (NB); ++b)                                   \
+        acc[b] += a * *reinterpret_cast<const VU*>(w + b * (W));          \
     }                                                                     \
-    *reinterpret_cast<VU*>(y + j) = acc0;                                 \
-    *reinterpret_cast<VU*>(y + j + (W)) = acc1;                           \
-    *reinterpret_cast<VU*>(y + j + 2 * (W)) = acc2;                       \
-    *reinterpret_cast<VU*>(y + j + 3 * (W)) = acc3;                       \
+    _Pragma("GCC unroll 16")                                              \
+    for (size_t b = 0; b < (NB); ++b)                                     \
+      *reinterpret_cast<VU*>(y + j + b * (W)) = acc[b];                   \
+  }                                                                       \
+  for (; j + (W) <= out; j += (W)) {                                      \
+    V acc = *reinterpret_cast<const VU*>(bias + j);                       \
+    for (size_t i = 0; i < nnz; ++i)                                      \
+      acc += (V{} + val[i]) * *reinterpret_cast<const VU*>(wt + idx[i] * out + j); \
+    *reinterpret_cast<VU*>(y + j) = acc;                                  \
   }                                                                       \
   for (; j < out; ++j) {                                                  \
     float acc = bias[j];                                                  \
@@ -200,20 +209,20 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   }                                                                       \
   for (; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 
-#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W)                                                            \
+#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W, NB)                                                          \
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
                                const float* __restrict val, size_t nnz, const float* __restrict bias,    \
-                               float* __restrict y) { CSLM_GEMV_BODY(V, VU, W) }                          \
+                               float* __restrict y) { CSLM_GEMV_BODY(V, VU, W, NB) }                          \
   ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }     \
   ATTR void SumRelu##SUFFIX(size_t n, const float* const* __restrict x, size_t k,                        \
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }
 
-CSLM_KERNELS(Base, , Vec4, Vec4u, 4)
+CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
 #if CSLM_DISPATCH
-CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8)
-CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16)
+CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8)
+CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16)
 #endif
 
 struct Kernels {
