@@ -42,11 +42,30 @@ def ngrams_of(corpus: Path, order: int, limit: int = 300) -> list[list[str]]:
     return grams[:limit]
 
 
-def run_local(exe: Path, model: Path, grams: list[list[str]]) -> np.ndarray:
+def run_local(exe: Path, model: Path, grams: list[list[str]], kernels: str | None = None) -> np.ndarray:
+    """The evaluator's (exact, self-normalised) scores of `grams`; `kernels` caps the vector width (CSLM_KERNELS)."""
+    import os
+
+    env = {**os.environ, "CSLM_KERNELS": kernels} if kernels is not None else None
     r = subprocess.run([str(exe), str(model)], input="".join(" ".join(g) + "\n" for g in grams),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     return np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+
+
+def random_model(loaded, hidden: tuple[int, ...], seed: int, scale: float, path: Path):
+    """A model of `loaded`'s vocabulary and order with rectified layers `hidden` and weights uniform in
+    +-scale, saved in `path` (not self-normalised); returns its config."""
+    from cslm.model import CSLM, CSLMConfig
+
+    cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": hidden})
+    torch.manual_seed(seed)
+    model = CSLM(cfg)
+    for p in model.parameters():
+        torch.nn.init.uniform_(p, -scale, scale)
+    modeldir.save_vocab(str(path), loaded.vocab)
+    modeldir.save_weights(str(path), model, {"train_config": {"self_norm": 0.0}})
+    return cfg
 
 
 def test_local_evaluator_matches_python(local_exe, model_dir):
@@ -101,49 +120,25 @@ def test_narrower_kernels_score_the_same(local_exe, model_dir):
 def test_local_evaluator_deeper_network(local_exe, model_dir, tmp_path):
     """Three hidden layers, random weights: the evaluator follows the weights it finds."""
     out, loaded, corpus = model_dir
-    from cslm.model import CSLM, CSLMConfig
-
-    cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": (24, 20, 12)})
-    torch.manual_seed(0)
-    model = CSLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.uniform_(p, -0.5, 0.5)
-    deep = tmp_path / "deep"
-    modeldir.save_vocab(str(deep), loaded.vocab)
-    modeldir.save_weights(str(deep), model, {"train_config": {"self_norm": 0.0}})
+    cfg = random_model(loaded, (24, 20, 12), 0, 0.5, tmp_path / "deep")
     grams = ngrams_of(corpus, cfg.order, 100)
-    got = run_local(local_exe, deep, grams)
-    exact, _ = Engine.load(str(deep), device="cpu").score_words(grams)
+    got = run_local(local_exe, tmp_path / "deep", grams)
+    exact, _ = Engine.load(str(tmp_path / "deep"), device="cpu").score_words(grams)
     assert np.max(np.abs(got[:, 0] - exact)) < 1e-4
-
 
 
 def test_wide_layers_score_the_same_with_every_kernel(local_exe, model_dir, tmp_path):
     """Layers of 300 and 270 units: 270 outputs are a block of registers (16 AVX-512 vectors, 8 of AVX2 or
     SSE2), then whole vectors, then single floats, in each kernel. Each output sums in the same order whatever
-    the block, so every width gives the Python engine's scores, and the kernels agree to float rounding."""
-    import os
-
+    the block, so every width gives the Python engine's scores."""
     out, loaded, corpus = model_dir
-    from cslm.model import CSLM, CSLMConfig
-
-    cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": (300, 270)})
-    torch.manual_seed(1)
-    model = CSLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.uniform_(p, -0.1, 0.1)
-    wide = tmp_path / "wide"
-    modeldir.save_vocab(str(wide), loaded.vocab)
-    modeldir.save_weights(str(wide), model, {"train_config": {"self_norm": 0.0}})
+    cfg = random_model(loaded, (300, 270), 1, 0.1, tmp_path / "wide")
     grams = ngrams_of(corpus, cfg.order, 100)
-    exact, _ = Engine.load(str(wide), device="cpu").score_words(grams)
-    text = "".join(" ".join(g) + "\n" for g in grams)
+    exact, _ = Engine.load(str(tmp_path / "wide"), device="cpu").score_words(grams)
     for cap in ("avx512", "avx2", "baseline"):
-        r = subprocess.run([str(local_exe), str(wide)], input=text, capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "CSLM_KERNELS": cap})
-        assert r.returncode == 0, r.stderr
-        got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+        got = run_local(local_exe, tmp_path / "wide", grams, kernels=cap)
         assert got.shape == (len(grams), 2) and np.max(np.abs(got[:, 0] - exact)) < 1e-4, cap
+
 
 @pytest.mark.parametrize("train_config,self_normalized", [({"self_norm": 0.0}, 0), ({"self_norm": 0.1}, 1),
                                                            ({"self_norm": 0.0, "objective": "nce"}, 1),
