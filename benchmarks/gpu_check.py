@@ -215,6 +215,27 @@ class CheckFailed(Exception):
     """A check's command failed; its message is the one-line error."""
 
 
+def decode_figures(rep: dict) -> dict:
+    """The cslm_decode check's figures from bench_cslm_decode.py's report: the best cube-pruning server row's
+    ratio, every row's time, what the CSLM rows asked for, and each server row's own time per request, p50,
+    from its read to its reply (latency_ms) and its batch's scoring within it (compute_ms)."""
+    cube_rows = ("cslm_server_buffered_cube", "cslm_server_buffered_predict")
+    rows = {k: v for k, v in rep.get("rows", {}).items() if k.startswith(cube_rows)}
+    if not rows:
+        raise CheckFailed("no cube-pruning server row in bench_cslm_decode.py's report")
+    best = min(rows, key=lambda k: rows[k]["ratio_to_baseline"])
+    figures = {"best_ratio_to_baseline": rows[best]["ratio_to_baseline"], "row": best}
+    for key, row in rep["rows"].items():
+        name = key.replace("cslm_server_buffered_", "server_").replace("cslm_", "")
+        figures[f"{name}_s_per_sentence"] = row["seconds_per_sentence"]
+        for k in ("ratio_to_baseline", "requests_per_sentence", "evaluated_per_sentence"):
+            if k in row:
+                figures[f"{name}_{k.replace('_per_sentence', '')}"] = row[k]
+        for k, v in (row.get("server_ms") or {}).items():
+            figures[f"{name}_{k}_p50"] = v["p50"]
+    return figures
+
+
 def tool(name: str) -> list[str]:
     """The command line of a project tool: its console script beside this interpreter or on PATH, else
     `python -m` its module."""
@@ -685,20 +706,7 @@ class GpuCheck:
         if not os.path.exists(report_path):
             raise CheckFailed("bench_cslm_decode.py wrote no report (Moses not found?)")
         with open(report_path, encoding="utf-8") as f:
-            rep = json.load(f)
-        cube_rows = ("cslm_server_buffered_cube", "cslm_server_buffered_predict")
-        rows = {k: v for k, v in rep.get("rows", {}).items() if k.startswith(cube_rows)}
-        if not rows:
-            raise CheckFailed("no cube-pruning server row in bench_cslm_decode.py's report")
-        best = min(rows, key=lambda k: rows[k]["ratio_to_baseline"])
-        figures = {"best_ratio_to_baseline": rows[best]["ratio_to_baseline"], "row": best}
-        for key, row in rep["rows"].items():  # every row's time, and what the CSLM rows asked for
-            name = key.replace("cslm_server_buffered_", "server_").replace("cslm_", "")
-            figures[f"{name}_s_per_sentence"] = row["seconds_per_sentence"]
-            for k in ("ratio_to_baseline", "requests_per_sentence", "evaluated_per_sentence"):
-                if k in row:
-                    figures[f"{name}_{k.replace('_per_sentence', '')}"] = row[k]
-        return figures
+            return decode_figures(json.load(f))
 
     # report -----------------------------------------------------------------------------------------
     def device_name(self) -> str:

@@ -228,3 +228,24 @@ def test_reported_commands_name_no_machine_paths(tmp_path):
     cmd = f"{sys.executable} {ROOT / 'benchmarks' / 'bench_cslm_decode.py'} {tmp_path / 'w'}/cslm-model"
     assert run.shown(cmd) == "python3 benchmarks/bench_cslm_decode.py WORK/cslm-model"
     assert run.shown(f"{beside} --standalone") == "torchrun --standalone"
+
+
+def test_the_decode_figures_keep_every_rows_time_and_each_servers_split():
+    """cslm_decode's figures from a bench_cslm_decode.py report: the best cube-pruning server row, each row's
+    time and asks, and each server row's p50 from read to reply and of its scoring; no such row: failed."""
+    split = {"latency_ms": {"p50": 2.3, "p99": 9.0}, "compute_ms": {"p50": 0.9, "p99": 3.0}}
+    rep = {"rows": {
+        "baseline": {"seconds_per_sentence": 0.02},
+        "cslm_in_process": {"seconds_per_sentence": 0.06, "ratio_to_baseline": 3.0, "evaluated_per_sentence": 9.0},
+        "cslm_server_buffered_predict_1.5": {"seconds_per_sentence": 0.1, "ratio_to_baseline": 5.0,
+                                             "requests_per_sentence": 40.0, "server_ms": split},
+        "cslm_server_buffered_predict_8": {"seconds_per_sentence": 0.08, "ratio_to_baseline": 4.0,
+                                           "server_ms": None}}}
+    f = gpu_check.decode_figures(rep)
+    assert f["best_ratio_to_baseline"] == 4.0 and f["row"] == "cslm_server_buffered_predict_8"
+    assert f["baseline_s_per_sentence"] == 0.02 and f["in_process_ratio_to_baseline"] == 3.0
+    assert f["in_process_evaluated"] == 9.0 and f["server_predict_1.5_requests"] == 40.0
+    assert f["server_predict_1.5_latency_ms_p50"] == 2.3 and f["server_predict_1.5_compute_ms_p50"] == 0.9
+    assert not any(k.startswith("server_predict_8_") and k.endswith("ms_p50") for k in f)
+    with pytest.raises(gpu_check.CheckFailed, match="no cube-pruning server row"):
+        gpu_check.decode_figures({"rows": {"baseline": {"seconds_per_sentence": 0.02}}})
