@@ -35,8 +35,9 @@ the end of loading to its exit), its ratio to its baseline, and the
 requests, evaluated n-grams and cache hits per sentence (the feature's stats=1
 lines); a server row adds the server's own time per request, p50 and p99 from
 its payload read to its reply written, and of that its batch's scoring
-(`server_ms`: latency_ms, compute_ms). Server rows use --slow-sentences sentences when that is fewer (the
-per-hypothesis mode can be thousands of times slower), and their ratios are
+(`server_ms`: latency_ms, compute_ms). Server rows use --slow-sentences
+sentences when that is fewer (the per-hypothesis mode can be thousands of
+times slower), and their ratios are
 to the baseline on those same sentences. Needs a Moses built with
 cslm/moses/add-to-moses.sh: without MOSES the decoding rows are skipped with
 the reason. Targets: in process <= 3x the baseline's time, through the server
@@ -290,8 +291,8 @@ def main() -> None:
     ap.add_argument("--slow-sentences", type=int, default=50, help="sentences for the server rows")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--modes", nargs="+", default=["local", "local-buffered", "local-cube", "server-buffered", "server-cube",
-                                                  "server"])
+    ap.add_argument("--modes", nargs="+",
+                    default=["local", "local-buffered", "local-cube", "server-buffered", "server-cube", "server"])
     ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:1.5"], metavar="CORNER:AHEAD",
                     help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
                          "and the factor its reach grows by past a miss), or predict:P for predict=P (each stack's "

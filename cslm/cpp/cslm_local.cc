@@ -213,7 +213,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
                                const float* __restrict val, size_t nnz, const float* __restrict bias,    \
-                               float* __restrict y) { CSLM_GEMV_BODY(V, VU, W, NB) }                          \
+                               float* __restrict y) { CSLM_GEMV_BODY(V, VU, W, NB) }                      \
   ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }     \
   ATTR void SumRelu##SUFFIX(size_t n, const float* const* __restrict x, size_t k,                        \
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
