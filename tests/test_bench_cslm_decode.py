@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_cslm import cslm_corpus, cslm_model  # noqa: F401 (fixtures)
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cslm_decode.py"
 
 
@@ -108,17 +110,11 @@ def test_decoding_time_is_read_from_moses_own_clock(bench):
     assert bench.moses_times("real:3.2\n") is None
 
 
-def test_a_server_row_reports_the_servers_split_of_a_request(bench, tmp_path):
+def test_a_server_row_reports_the_servers_split_of_a_request(bench, cslm_model):  # noqa: F811
     """The Server wrapper asks the server's STATS before stopping it: latency and compute, p50 and p99."""
     from cslm.client import Client
-    from cslm.train import TrainConfig, train
 
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(f"the cat {i % 7} sat on the mat" for i in range(200)) + "\n")
-    model = tmp_path / "model"
-    train(str(corpus), str(model), TrainConfig(preset="tiny", max_epochs=1, batch_size=64, device="cpu",
-                                               self_norm=0.1), progress=False)
-    with bench.Server(str(model), True, 1, "cpu") as server:
+    with bench.Server(str(cslm_model), False, 1, "cpu") as server:
         with Client(port=server.port) as c:
             c.score(np.array([[1, 2, 3], [4, 5, 6]], np.int32))
     report = server.report()

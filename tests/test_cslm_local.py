@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -44,8 +45,6 @@ def ngrams_of(corpus: Path, order: int, limit: int = 300) -> list[list[str]]:
 
 def run_local(exe: Path, model: Path, grams: list[list[str]], kernels: str | None = None) -> np.ndarray:
     """The evaluator's (exact, self-normalised) scores of `grams`; `kernels` caps the vector width (CSLM_KERNELS)."""
-    import os
-
     env = {**os.environ, "CSLM_KERNELS": kernels} if kernels is not None else None
     r = subprocess.run([str(exe), str(model)], input="".join(" ".join(g) + "\n" for g in grams),
                        capture_output=True, text=True, timeout=120, env=env)
@@ -97,8 +96,6 @@ def test_local_evaluator_matches_python(local_exe, model_dir):
 def test_narrower_kernels_score_the_same(local_exe, model_dir):
     """CSLM_KERNELS caps the vector width (to time the narrower kernels on one machine): the same scores to
     float rounding, the kernels it ran named; another value is refused in one line naming the variable."""
-    import os
-
     out, loaded, corpus = model_dir
     grams = "".join(" ".join(g) + "\n" for g in ngrams_of(corpus, loaded.config.order, 100))
     runs = {}
