@@ -293,7 +293,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--modes", nargs="+",
                     default=["local", "local-buffered", "local-cube", "server-buffered", "server-cube", "server"])
-    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:1.5"], metavar="CORNER:AHEAD",
+    ap.add_argument("--cubes", nargs="+", default=["1:1", "16:4", "predict:1.25"], metavar="CORNER:AHEAD",
                     help="corner= and ahead= of the server-cube rows (expansions asked ahead per new cube, "
                          "and the factor its reach grows by past a miss), or predict:P for predict=P (each stack's "
                          "search run ahead for P times its pop limit), predict:P:KEY=VALUE,... with more keys of "

@@ -105,7 +105,7 @@ def main() -> None:
     ap.add_argument("--work")
     ap.add_argument("--corner", type=int, default=16, help="corner= of the buffered cube-pruning mode")
     ap.add_argument("--ahead", type=int, default=4, help="ahead= of the buffered cube-pruning mode")
-    ap.add_argument("--predict", type=float, default=4,
+    ap.add_argument("--predict", type=float, default=1.25,
                     help="predict= of the buffered cube-pruning mode that runs each stack's search ahead")
     ap.add_argument("--exact-sentences", type=int, default=10,
                     help="sentences decoded with and without batching for the byte-identical check")

@@ -131,7 +131,7 @@ GPU = Sizes(
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
     # the run ahead with every feature (the default) beside the GPU server's best setting measured before it
-    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:1.5", "predict:8:run-ahead=estimate",
+    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:1.25", "predict:8:run-ahead=estimate",
                  "--buffer", "65536", "--cube-threads", "2", "8"],
     batch_size=2048,
     batch_args=["--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4", "--valid-pairs", "500"],
@@ -147,7 +147,7 @@ DRY = Sizes(
     cslm_preset="tiny", cslm_lines=400,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "1024", "--max-epochs", "2", "--valid-fraction", "0.05"],
     server_args=["--ngrams", "4000", "--clients", "1", "4", "--latency-requests", "10"],
-    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:1.5", "predict:4:run-ahead=estimate"],
+    decode_args=["--quick", "--modes", "server-cube", "--cubes", "predict:1.25", "predict:4:run-ahead=estimate"],
     batch_size=256,
     batch_args=["--max-steps", "20", "--eval-every", "10", "--valid-pairs", "20"],
     score_workers=[2],

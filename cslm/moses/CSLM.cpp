@@ -37,7 +37,7 @@ struct CSLM::ThreadData {
   ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer,
              const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk)
       : session(s), cache(cache_size), ids(vocab, unk), queued_set(buffer + 1), hits(0), run_ahead(false),
-        run_ahead_misses(0), answered_sum(0.0), answered(0) {}
+        run_ahead_misses(0), provisional(3) {}
   boost::scoped_ptr<cslm::Backend::Session> session;  // evaluates, in process or through a server
   cslm::NgramCache cache;
   FactorIds ids;                           // this thread's word -> id memo
@@ -49,8 +49,7 @@ struct CSLM::ThreadData {
   size_t hits;                             // this sentence's cache hits (stats=1)
   bool run_ahead;                          // RunAhead(true): nothing is asked, unknown n-grams are queued
   size_t run_ahead_misses;                 // ... and counted
-  double answered_sum;                     // the log-probabilities the buffer's requests returned, summed
-  size_t answered;                         // ... and counted: their mean is the run ahead's provisional value
+  cslm::SuffixMeans provisional;           // the buffer's answers, for the run ahead's provisional values
 };
 
 CSLM::CSLM(const std::string& line)
@@ -60,7 +59,7 @@ CSLM::CSLM(const std::string& line)
       m_buffer(0),
       m_corner(8),
       m_ahead(4),
-      m_predict(1.5f),
+      m_predict(1.25f),
       m_evaluateRunAhead(true),
       m_rounds(2),
       m_order(0),
@@ -348,8 +347,6 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
 }
 
 float CSLM::RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const {
-  // before the thread's first answer, -5: a guess that only orders the first stack's first round
-  const float provisional = td.answered ? static_cast<float>(td.answered_sum / td.answered) : -5.0f;
   float sum = 0.0f;
   for (size_t i = 0; i < count; ++i) {
     const uint32_t* g = &ngrams[i * m_order];
@@ -358,7 +355,8 @@ float CSLM::RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, siz
     if (td.cache.find(g, m_order, &v, &fl)) {
       sum += v;
     } else {
-      sum += provisional;
+      // before the thread's first answer, -5: a guess that only orders the first stack's first round
+      sum += td.provisional.estimate(g, m_order, -5.0f);
       ++td.run_ahead_misses;
       QueueOne(td, g);
     }
@@ -416,8 +414,7 @@ void CSLM::ScoreQueued() const {
     std::vector<uint8_t> fl(n);
     Evaluate(td, &td.queued[at * m_order], n, &lp[0], &fl[0]);
     for (size_t k = 0; k < n; ++k) td.cache.insert(&td.queued[(at + k) * m_order], m_order, lp[k], fl[k]);
-    for (size_t k = 0; k < n; ++k) td.answered_sum += lp[k];
-    td.answered += n;
+    for (size_t k = 0; k < n; ++k) td.provisional.add(&td.queued[(at + k) * m_order], m_order, lp[k]);
   }
   td.queued.clear();
   td.queued_set.clear();

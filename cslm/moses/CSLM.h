@@ -107,7 +107,7 @@ class CSLM : public StatefulFeatureFunction {
   size_t BufferSize() const { return m_buffer; }
   size_t Corner() const { return m_corner; }
   size_t Ahead() const { return m_ahead; }
-  // Under cube pruning with the buffer: P > 0 (default 1.5) asks, before each
+  // Under cube pruning with the buffer: P > 0 (default 1.25) asks, before each
   // stack, for what that stack's cube pruning creates when run ahead for P
   // times its pop limit; 0 asks for each new cube's corner instead (CSLMBuffer.h).
   float Predict() const { return m_predict; }
@@ -121,8 +121,10 @@ class CSLM : public StatefulFeatureFunction {
   size_t Rounds() const { return m_rounds; }
   // While on (this thread): EvaluateWhenApplied never asks the backend; each
   // boundary n-gram the cache lacks is queued, counted in RunAheadMisses and
-  // scored as the mean log-probability of the n-grams this thread has been
-  // answered so far (a provisional value, for the run ahead only).
+  // given a provisional value, for the run ahead only: the mean log-probability
+  // of the n-grams this thread has been answered that end in the same words
+  // (cslm::SuffixMeans: the last three, shrunk towards the last two, the last
+  // word and all).
   void RunAhead(bool on) const;
   size_t RunAheadMisses() const;
   size_t Queue(const Hypothesis& hypo) const;

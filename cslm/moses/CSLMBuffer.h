@@ -23,7 +23,7 @@
 // moses/BitmapContainer.cpp and moses/SearchCubePruning.cpp:
 //   * Cube(): a cube is built (a BackwardsEdge: the predecessors, sorted best
 //     first, times the options of one source span, best first) for a later
-//     stack. With predict=P > 0 (the default, 1.5) it is kept until the flush
+//     stack. With predict=P > 0 (the default, 1.25) it is kept until the flush
 //     before that stack; with predict=0 the boundary n-grams of its first
 //     expansions, those at (x, y) with (x+1)(y+1) <= corner, join the queue.
 //   * Flush(): before a stack's cubes are initialised. With predict=P, the
@@ -33,7 +33,8 @@
 //     score it: the hypothesis it would make is made and evaluated with every
 //     feature, the CSLM's n-grams from the cache, and an n-gram the cache
 //     lacks is queued and given a provisional value (the mean of those
-//     answered so far); up to rounds= runs, each after the last one's queue is
+//     answered so far that end in the same words, cslm::SuffixMeans); up to
+//     rounds= runs, each after the last one's queue is
 //     scored, so that each round scores more cells exactly. With
 //     run-ahead=estimate a cell's score is its predecessor's score + its
 //     option's future score + the future cost of its coverage + the

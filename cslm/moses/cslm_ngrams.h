@@ -168,6 +168,74 @@ inline void cube_pops(const std::vector<CubeEstimate>& cubes, size_t pops, std::
   cube_run(sizes, pops, score, out);
 }
 
+// The run ahead's provisional value for an n-gram it has no score for yet
+// (CSLM::RunAheadSum): the mean log-probability of the answered n-grams that
+// end in the same words, shrunk towards the shorter ending's. With m_k the
+// mean over the answered n-grams ending in the last k words (k = 0: all of
+// them) and c_k their count, the estimate is e_0 = m_0 and, while an ending
+// of k words has been answered, e_k = (c_k m_k + e_{k-1}) / (c_k + 1) (one
+// pseudo-count of the shorter ending's estimate), up to `levels` words (the
+// predicted word and up to levels-1 of its history). A word the search keeps
+// proposing after the same words thus scores near what those did, where one
+// mean over everything lets the run ahead pop other cells than the search.
+// Only the order of the run ahead's cells depends on it, never a score.
+// Endings are kept in a direct-mapped table of 2^bits slots: an ending that
+// hashes to an occupied slot replaces it, so memory stays fixed (24 bytes a
+// slot: 3 MB a decoder thread with the defaults).
+class SuffixMeans {
+ public:
+  explicit SuffixMeans(unsigned levels = 3, unsigned bits = 17)
+      : levels_(levels), mask_((size_t(1) << bits) - 1), sum_(0.0), count_(0) {}
+
+  // Adds an answered n-gram (`order` ids, the predicted word last) and its log-probability.
+  void add(const uint32_t* ngram, unsigned order, float logprob) {
+    if (slots_.empty()) slots_.resize(mask_ + 1);  // at the first answer: a decoder without the buffer has none
+    sum_ += logprob;
+    ++count_;
+    uint64_t h = kSeed;
+    for (unsigned k = 1; k <= levels_ && k <= order; ++k) {
+      h = step(h, ngram[order - k]);
+      Slot& s = slots_[(h >> 1) & mask_];
+      if (s.key != h) s = Slot(h);
+      s.sum += logprob;
+      ++s.count;
+    }
+  }
+  // The provisional log-probability of an n-gram (`fallback` before any answer).
+  float estimate(const uint32_t* ngram, unsigned order, float fallback) const {
+    if (!count_) return fallback;
+    double e = sum_ / count_;
+    uint64_t h = kSeed;
+    for (unsigned k = 1; k <= levels_ && k <= order; ++k) {
+      h = step(h, ngram[order - k]);
+      const Slot& s = slots_[(h >> 1) & mask_];
+      if (s.key != h) break;  // not answered (or replaced): the shorter ending's estimate stands
+      e = (s.sum + e) / (s.count + 1);
+    }
+    return static_cast<float>(e);
+  }
+  size_t answered() const { return count_; }
+
+ private:
+  static const uint64_t kSeed = 1469598103934665603ull;
+  // The key of an ending one word longer (FNV-1a step, then a mix; 0 is never a key).
+  static uint64_t step(uint64_t h, uint32_t id) {
+    h = (h ^ id) * 1099511628211ull;
+    return (h ^ (h >> 31)) | 1;
+  }
+  struct Slot {
+    explicit Slot(uint64_t k = 0) : key(k), sum(0.0), count(0) {}
+    uint64_t key;
+    double sum;
+    uint32_t count;
+  };
+  unsigned levels_;
+  size_t mask_;
+  std::vector<Slot> slots_;
+  double sum_;
+  size_t count_;
+};
+
 // A bounded map from n-gram to (log-probability, flags). When it holds
 // `capacity` entries it is emptied: simple, and cheap enough for one
 // decoder thread (the hot n-grams come back within a sentence).

@@ -2,6 +2,7 @@
 //   g++ -std=c++11 -O1 -o cslm_ngrams_test cslm_ngrams_test.cc && ./cslm_ngrams_test
 // Decomposing a sentence into phrases and scoring internal + boundary n-grams
 // must give exactly the n-grams of the whole sentence, for any segmentation.
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <set>
@@ -167,6 +168,33 @@ int main() {
       CHECK(made[i].cube == score.asked[i].cube && made[i].x == score.asked[i].x && made[i].y == score.asked[i].y);
     CHECK(made[2].cube == 0 && made[2].x == 1 && made[2].y == 0 && made[3].x == 0 && made[3].y == 1);
     CHECK(made[4].cube == 1 && made[4].x == 1 && made[4].y == 0);
+  }
+
+  // the run ahead's provisional values: means of the answered n-grams with the same ending, shrunk to the shorter's
+  {
+    cslm::SuffixMeans means(2, 4);  // the word and the bigram; 16 slots
+    const uint32_t a[3] = {7, 5, 9}, b[3] = {8, 6, 9}, c[3] = {8, 5, 9}, d[3] = {7, 5, 4};
+    CHECK(means.estimate(a, 3, -5.0f) == -5.0f);  // nothing answered: the fallback
+    means.add(a, 3, -2.0f);
+    means.add(b, 3, -4.0f);
+    means.add(d, 3, -6.0f);
+    // all: mean -4; word 9: (-2 - 4 + -4) / 3; bigram (5, 9): (-2 + that) / 2
+    const double all = -4.0, word = (-6.0 + all) / 3, bigram = (-2.0 + word) / 2;
+    CHECK(std::fabs(means.estimate(c, 3, -5.0f) - bigram) < 1e-6);  // 8 5 9: ends like 7 5 9
+    const uint32_t e[3] = {1, 2, 9}, f[3] = {1, 2, 3};
+    CHECK(std::fabs(means.estimate(e, 3, -5.0f) - word) < 1e-6);     // a new bigram: the word's
+    CHECK(std::fabs(means.estimate(f, 3, -5.0f) - all) < 1e-6);      // a new word: the mean of all
+    CHECK(means.answered() == 3);
+    // a full table replaces slots: every estimate stays between the answers' extremes
+    for (uint32_t i = 0; i < 1000; ++i) {
+      const uint32_t g[3] = {i % 13, i % 31, i % 17};
+      means.add(g, 3, -1.0f - static_cast<float>(i % 5));
+    }
+    for (uint32_t i = 0; i < 200; ++i) {
+      const uint32_t g[3] = {i, i % 31, i % 19};
+      const float v = means.estimate(g, 3, 0.0f);
+      CHECK(v <= -1.0f && v >= -6.0f);
+    }
   }
 
   if (failures) return 1;
