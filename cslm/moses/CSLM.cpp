@@ -61,7 +61,7 @@ CSLM::CSLM(const std::string& line)
       m_ahead(4),
       m_predict(1.25f),
       m_evaluateRunAhead(true),
-      m_rounds(2),
+      m_rounds(1),
       m_order(0),
       m_timeout(60.0),
       m_retries(3),

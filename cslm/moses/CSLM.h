@@ -116,7 +116,7 @@ class CSLM : public StatefulFeatureFunction {
   // the CSLM's n-grams from the cache (RunAhead below); false (estimate) adds
   // the predecessor's score, the option's future score and the distortion cost.
   // Rounds: run-aheads per stack with evaluate, each asking for what the
-  // previous ones did not know (rounds=, default 2).
+  // previous ones did not know (rounds=, default 1).
   bool EvaluateRunAhead() const { return m_evaluateRunAhead; }
   size_t Rounds() const { return m_rounds; }
   // While on (this thread): EvaluateWhenApplied never asks the backend; each

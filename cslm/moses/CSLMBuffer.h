@@ -33,8 +33,8 @@
 //     score it: the hypothesis it would make is made and evaluated with every
 //     feature, the CSLM's n-grams from the cache, and an n-gram the cache
 //     lacks is queued and given a provisional value (the mean of those
-//     answered so far that end in the same words, cslm::SuffixMeans); up to
-//     rounds= runs, each after the last one's queue is
+//     answered so far that end in the same words, cslm::SuffixMeans); with
+//     rounds=N > 1 (default 1), N runs, each after the last one's queue is
 //     scored, so that each round scores more cells exactly. With
 //     run-ahead=estimate a cell's score is its predecessor's score + its
 //     option's future score + the future cost of its coverage + the
