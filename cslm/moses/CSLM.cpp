@@ -37,7 +37,7 @@ struct CSLM::ThreadData {
   ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer,
              const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk)
       : session(s), cache(cache_size), ids(vocab, unk), queued_set(buffer + 1), hits(0), run_ahead(false),
-        run_ahead_misses(0), provisional(3) {}
+        run_ahead_misses(0) {}
   boost::scoped_ptr<cslm::Backend::Session> session;  // evaluates, in process or through a server
   cslm::NgramCache cache;
   FactorIds ids;                           // this thread's word -> id memo
