@@ -27,8 +27,8 @@ Checks, in order (later ones use what earlier ones trained; the CSLM's first, th
                 (target: through the server >= 0.8 of the engine);
   cslm_decode   benchmarks/bench_cslm_decode.py with --moses, else skipped: on that paper-size
                 model, in process (CPU) and through the server (buffered, cube pruning,
-                buffer=65536, the run ahead with every feature, predict=1.25 and 1.5, and on
-                estimated scores with predict=8, 2 and 8 decoder threads): decoding time against
+                buffer=65536, the run ahead with every feature and on estimated scores with
+                predict=8, 2 and 8 decoder threads): decoding time against
                 the baseline (target: <= 5x for this paper-size CSLM through a GPU server);
   train_paper   `moses-rnn train --preset paper` for about a minute on a 200,000-line slice of
                 the shared table: pairs/s and the model arithmetic it implies as a fraction of
@@ -130,10 +130,8 @@ GPU = Sizes(
     cslm_preset="paper", cslm_lines=60_000,
     cslm_args=["--self-norm", "0.1", "--epoch-ngrams", "4000000", "--max-epochs", "1000", "--max-minutes", "0.5"],
     server_args=["--ngrams", "400000", "--clients", "1", "8", "--latency-requests", "100"],
-    # the run ahead with every feature (the default, and predict=1.5: fewer requests for more n-grams) beside
-    # the GPU server's best setting measured before it
-    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:1.25", "predict:1.5",
-                 "predict:8:run-ahead=estimate",
+    # the run ahead with every feature (the default) beside the GPU server's best setting measured before it
+    decode_args=["--quick", "--modes", "local", "server-cube", "--cubes", "predict:1.25", "predict:8:run-ahead=estimate",
                  "--buffer", "65536", "--cube-threads", "2", "8"],
     batch_size=2048,
     batch_args=["--max-steps", "1000000", "--eval-every", "100", "--max-minutes", "0.4", "--valid-pairs", "500"],
