@@ -344,10 +344,14 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
               help="N-gram cache entries shared by every client (0: none). Off by default: Moses's CSLM feature "
                    "caches per decoder thread, and in decoding the server's cache answered 1% of the n-grams "
                    "and cost more than it saved; it pays for clients that repeat n-grams.")
-@click.option("--history-cache", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--evaluator", type=click.Choice(["auto", "native", "torch"]), default="auto", show_default=True,
+              help="With --self-normalized on a CPU, who computes: native, the C++ evaluator of Moses's in-process "
+                   "mode (one history at a time on one core; the faster on a decoder's requests); torch, batched "
+                   "matrix products on --threads cores; auto, native where the install built it.")
+@click.option("--history-cache", type=click.IntRange(min=0),
               help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
-                   "n-gram of a history met before costs one output row; pays for large models (memory: this x the "
-                   "last layer x 4 bytes; e.g. 16384). 0: none.")
+                   "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "
+                   "the C++ evaluator keeps one per concurrent call). 0: none [16384 native, 0 torch].")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
@@ -375,8 +379,8 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, history_cache, max_frame, idle_timeout,
-          frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device,
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, evaluator, history_cache, max_frame,
+          idle_timeout, frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device,
           threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
     from .limits import ServerConfig, connection_limit
@@ -388,7 +392,7 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, history_ca
     require_model_dir(model_dir, "cslm")
     # impossible limits and an unwritable port file are refused before the model loads
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
-                       cache_size=cache_size, history_cache=history_cache, max_frame=max_frame,
+                       cache_size=cache_size, evaluator=evaluator, history_cache=history_cache, max_frame=max_frame,
                        idle_timeout=idle_timeout, frame_timeout=frame_timeout, max_connections=max_connections,
                        max_pending=max_pending, max_conn_bytes=max_conn_bytes, max_total_bytes=max_total_bytes)
     connection_limit(max_connections)

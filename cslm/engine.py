@@ -28,6 +28,9 @@ from .model import CSLM
 from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
 
 LN10 = math.log(10.0)
+# rows of the C++ evaluator's history cache per concurrent call, as Moses's in-process mode keeps per decoder
+# thread (its `history-cache`, docs/moses-feature.md): 16,384 x the last layer x 4 bytes (16 MB for `small`)
+NATIVE_HISTORY_SLOTS = 16384
 
 
 class KenLMBackoff:
@@ -157,6 +160,7 @@ class Engine:
         self.trained_self_normalized = False  # the (ln Z)^2 penalty or NCE in training (load())
         self._tables: torch.Tensor | None = None
         self.history_cache: HistoryCache | None = None  # `cache_histories`
+        self.native = None  # cslm.native.NativeModel: the self-normalised path in C++ (`use_evaluator`)
 
     @classmethod
     def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048,
@@ -174,6 +178,37 @@ class Engine:
         self-normalised path uses it: the exact one needs every output row anyway."""
         cfg = self.model.config
         self.history_cache = HistoryCache(capacity, cfg.context, cfg.hidden[-1], self.device) if capacity > 0 else None
+
+    def use_evaluator(self, evaluator: str, history_cache: int | None) -> str:
+        """Who computes self-normalised scores on a CPU; returns the one chosen, "native" or "torch".
+
+        * "native": the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time on one
+          core, its cache of `history_cache` last hidden layers (None: NATIVE_HISTORY_SLOTS) per concurrent call;
+        * "torch": this engine's batched path (`_chunk_self_normalized`), with a `HistoryCache` of
+          `history_cache` rows (None: none);
+        * "auto": "native" where the library is built, else "torch".
+
+        The two give the same scores within float rounding (the C++ sums in another order). Exact scores, a
+        GPU and a joint model (which the server does not serve) keep torch: a UserError if "native" is asked."""
+        from . import native
+
+        if evaluator not in ("auto", "native", "torch"):
+            raise ValueError(f"evaluator must be auto, native or torch, got {evaluator!r}")
+        fits = not self.normalized and self.device.type == "cpu" and not self.joint
+        if evaluator == "native" and not fits:
+            why = "as a joint model" if self.joint else "with exact scores" if self.normalized else f"on {self.device}"
+            raise UserError(f"the C++ evaluator computes a plain CSLM's self-normalised scores (--self-normalized) "
+                            f"on a CPU; {self.name} is served {why}: --evaluator torch")
+        if evaluator == "native" or (evaluator == "auto" and fits and native.library_path() is not None):
+            model = native.NativeModel(self.name, NATIVE_HISTORY_SLOTS if history_cache is None else history_cache)
+            if model.row_size != self.order or model.vocab_size != len(self.vocab):
+                raise UserError(f"{self.name}: the C++ evaluator reads order {model.row_size} and "
+                                f"{model.vocab_size} words, torch order {self.order} and {len(self.vocab)}")
+            self.native, self.history_cache = model, None
+            return "native"
+        self.native = None
+        self.cache_histories(history_cache or 0)
+        return "torch"
 
     @property
     def scores(self) -> str:
@@ -251,6 +286,10 @@ class Engine:
     def score_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`score_ids` of rows already padded (`pad`, `left_pad`, `word_rows`): (N, order) int32, contiguous."""
         flags = (rows[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
+        if self.native is not None and not self.normalized:
+            out = self.native.score(rows, normalized=False)
+            check_finite(out, self.name, lambda i: f"for n-gram {i + 1} of {len(out)}")
+            return out, flags
         out = self._run(rows, self._chunk if self.normalized else self._chunk_self_normalized, 1)
         return out[:, 0], flags
 

@@ -22,7 +22,8 @@ class ServerConfig:
     max_batch: int = 8192  # n-grams per engine call
     max_delay: float = 0.0002  # seconds a request may wait for others to fill a batch (at most MAX_DELAY_US)
     cache_size: int = 0  # n-grams in the server's cache (cslm.ngram_cache); 0: none (decoders cache their own)
-    history_cache: int = 0  # rows of the history cache (self-normalised scores on a CPU); 0: none
+    evaluator: str = "auto"  # self-normalised scores on a CPU: "native" (C++), "torch", "auto" (Engine.use_evaluator)
+    history_cache: int | None = None  # rows of the history cache (self-normalised, CPU); None: the evaluator's default
     max_frame: int = P.DEFAULT_MAX_FRAME
     idle_timeout: float = 300.0
     frame_timeout: float = 30.0  # seconds for a frame to arrive whole once begun, and for a reply to be taken
@@ -53,7 +54,7 @@ def check_config(cfg: ServerConfig) -> None:
         raise UserError(f"{OPTIONS['max_delay']} must be within 0..{MAX_DELAY_US}, got {cfg.max_delay * 1e6:g}")
     if cfg.max_pending < 1:
         raise UserError(f"{OPTIONS['max_pending']} must be at least 1, got {cfg.max_pending}")
-    if cfg.history_cache < 0:
+    if cfg.history_cache is not None and cfg.history_cache < 0:
         raise UserError(f"{OPTIONS['history_cache']} must be at least 0, got {cfg.history_cache}")
     if cfg.frame_timeout <= 0:
         raise UserError(f"{OPTIONS['frame_timeout']} must be above 0, got {cfg.frame_timeout}")

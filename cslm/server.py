@@ -95,10 +95,12 @@ class Server:
         self.log = RateLimitedLog(self.cfg.log_interval)
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
-        if not engine.normalized and engine.device.type == "cpu":
-            # the self-normalised path on a CPU: a history met again costs one output row. On a GPU the
-            # hidden layers cost less than the cache's bookkeeping (docs/cslm.md, "Server")
-            engine.cache_histories(self.cfg.history_cache)
+        self.evaluator = "torch"
+        if (not engine.normalized and engine.device.type == "cpu") or self.cfg.evaluator == "native":
+            # the self-normalised path on a CPU: the C++ evaluator of Moses's in-process mode, or torch's; a
+            # history met again costs one output row. On a GPU the hidden layers cost less than the cache's
+            # bookkeeping (docs/cslm.md, "Server")
+            self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache)
         self.budget = ByteBudget(self.cfg.max_total_bytes)
         v = engine.vocab
         self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,
@@ -429,9 +431,15 @@ class Server:
         d["config"] = asdict(self.cfg)
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
                       "scores": self.engine.scores, "device": str(self.engine.device)}
-        hc = self.engine.history_cache
-        d["history_cache"] = {"hits": hc.hits, "misses": hc.misses, "size": len(hc), "capacity": hc.slots} \
-            if hc is not None else {"hits": 0, "misses": 0, "size": 0, "capacity": 0}
+        d["model"]["evaluator"] = self.evaluator
+        hc, native = self.engine.history_cache, self.engine.native
+        if native is not None:  # a cache per concurrent call, each of `history_slots` rows
+            hits, misses = native.cache_counts()
+            d["history_cache"] = {"hits": hits, "misses": misses, "size": None, "capacity": native.history_slots}
+        elif hc is not None:
+            d["history_cache"] = {"hits": hc.hits, "misses": hc.misses, "size": len(hc), "capacity": hc.slots}
+        else:
+            d["history_cache"] = {"hits": 0, "misses": 0, "size": 0, "capacity": 0}
         return d
 
 

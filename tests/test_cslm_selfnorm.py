@@ -286,6 +286,7 @@ def test_cli_serve_self_normalized(cslm_model, tmp_path):  # noqa: F811
     proc, port = start_server_process(cslm_model, tmp_path, "--self-normalized", "--threads", "1")
     try:
         fast = Engine.load(str(cslm_model), device="cpu", normalized=False)
+        fast.use_evaluator("auto", None)  # the server's choice: the C++ evaluator where it is built
         grams = np.random.default_rng(3).integers(0, len(fast.vocab), size=(300, 7)).astype(np.int32)
         with Client("127.0.0.1", port) as c:
             lp, fl = c.score(grams)
@@ -300,8 +301,9 @@ def test_cli_serve_self_normalized(cslm_model, tmp_path):  # noqa: F811
     err = proc.stderr.read()
     lines = err.splitlines()
     assert lines[0].startswith(f"cslm: warning: {cslm_model} was trained without self-normalisation"), err
+    device = "device cpu, the C++ evaluator" if fast.native is not None else "device cpu"
     assert lines[1].startswith(f"cslm: serving {cslm_model} on 127.0.0.1:{port} (order 7, 60 words, mode unk, "
-                               "device cpu; self-normalized scores o_w, no softmax"), err
+                               f"{device}; self-normalized scores o_w, no softmax"), err
 
 
 def test_startup_message_of_the_exact_server_is_unchanged(engine):  # noqa: F811

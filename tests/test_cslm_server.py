@@ -206,11 +206,12 @@ def test_stats_count_a_known_sequence_exactly(engine):  # noqa: F811
 
 
 def test_a_self_normalized_server_keeps_histories_and_answers_as_the_engine(cslm_model):  # noqa: F811
-    """The self-normalised server scores through its history cache (STATS counts it), small requests of a lone
-    client on the fast path and larger ones through the batcher, and answers what the engine does."""
+    """The self-normalised server with torch's evaluator scores through its history cache (STATS counts it),
+    small requests of a lone client on the fast path and larger ones through the batcher, and answers what the
+    engine does (the C++ evaluator: test_cslm_native.py)."""
     engine = Engine.load(str(cslm_model), device="cpu", normalized=False)
     reference = Engine.load(str(cslm_model), device="cpu", normalized=False)
-    s = ServerThread(engine, cache_size=0, history_cache=1000)
+    s = ServerThread(engine, cache_size=0, evaluator="torch", history_cache=1000)
     try:
         grams = random_ngrams(engine, 300, 7, seed=3)
         grams[100:, :-1] = grams[:200, :-1]  # the later n-grams repeat earlier histories

@@ -23,6 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from cslm import native
 from mtcommon import modeldir
 from mtcommon.finite import NonFiniteScores, check_finite
 from mtcommon.modeldir import CHECKPOINT, CONFIG, WEIGHTS, ModelError
@@ -118,6 +119,11 @@ def test_the_engine_refuses_what_the_server_would_send(tmp_path, tiny_cslm):
         Engine.load(str(model), device="cpu", normalized=False).score_ids(ids)
     with pytest.raises(NonFiniteScores):
         engine.score_sentences([["w1", "w2"]])
+    if native.library_path() is not None:  # the server's C++ evaluator (cslm/native.py)
+        self_normalized = Engine.load(str(model), device="cpu", normalized=False)
+        self_normalized.use_evaluator("native", 16)
+        with pytest.raises(NonFiniteScores, match=re.escape(f"{model}: non-finite scores")):
+            self_normalized.score_ids(ids)
 
 
 def test_the_server_sends_an_error_not_nan(tmp_path, tiny_cslm):

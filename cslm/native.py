@@ -1,0 +1,93 @@
+"""The C++ evaluator of Moses's in-process mode, from Python: `NativeModel` scores padded n-gram rows as
+cslm/cpp/cslm_local.cc's LocalModel does, through the library cslm/_native (cslm/cpp/cslm_native.cc, built
+by `pip install`; ctypes, no Python headers).
+
+`cslm serve --self-normalized` on a CPU scores with it (`Engine.use_native`): per n-gram one output row
+over a cached last hidden layer, the histories one at a time on one core, where torch batches them into
+matrix products; on a decoder's requests it is the faster of the two (docs/moses-feature.md, "Measured").
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+
+import numpy as np
+
+from mtcommon.errors import UserError
+
+_ERR = 1024  # bytes of an error message from the library
+
+
+def library_path() -> str | None:
+    """Where the built library is, or None where the install built none (no C++ compiler)."""
+    spec = importlib.util.find_spec("cslm._native")
+    return spec.origin if spec is not None and spec.origin else None
+
+
+_lib = None
+
+
+def _library() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        path = library_path()
+        if path is None:
+            raise UserError("the C++ evaluator (cslm/_native) is not built: reinstall with a C++ compiler "
+                            "(pip install -e .), or score with torch (cslm serve --evaluator torch)")
+        lib = ctypes.CDLL(path)
+        size_t, p = ctypes.c_size_t, ctypes.c_void_p
+        lib.cslm_native_open.restype = p
+        lib.cslm_native_open.argtypes = [ctypes.c_char_p, size_t, ctypes.c_char_p, size_t]
+        lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t),
+                                          ctypes.POINTER(ctypes.c_int)]
+        lib.cslm_native_score.restype = ctypes.c_int
+        lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_char_p, size_t]
+        lib.cslm_native_cache_counts.argtypes = [p, ctypes.POINTER(size_t), ctypes.POINTER(size_t)]
+        lib.cslm_native_close.argtypes = [p]
+        _lib = lib
+    return _lib
+
+
+class NativeModel:
+    """A model directory loaded by the C++ evaluator. Calls may come from several threads at once; each
+    then has its own working memory and cache of `history_slots` last hidden layers (0: none)."""
+
+    def __init__(self, model_dir: str, history_slots: int):
+        self._handle = None
+        lib = _library()
+        err = ctypes.create_string_buffer(_ERR)
+        handle = lib.cslm_native_open(model_dir.encode(), history_slots, err, _ERR)
+        if not handle:
+            raise UserError(err.value.decode(errors="replace") or f"{model_dir}: cannot load")
+        self._lib, self._handle, self.model_dir, self.history_slots = lib, handle, model_dir, history_slots
+        row, vocab, self_norm = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_int()
+        lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(self_norm))
+        self.row_size, self.vocab_size, self.self_normalized = row.value, vocab.value, bool(self_norm.value)
+
+    def score(self, rows: np.ndarray, normalized: bool) -> np.ndarray:
+        """(N, row_size) ids (history oldest first, the predicted word last) -> (N,) float32: o_w - ln Z if
+        `normalized`, else o_w (cslm_local.h, LocalModel::Score)."""
+        rows = np.ascontiguousarray(rows, dtype=np.uint32)
+        if rows.ndim != 2 or rows.shape[1] != self.row_size:
+            raise ValueError(f"rows must be (N, {self.row_size}) ids, got shape {rows.shape}")
+        out = np.empty(len(rows), np.float32)
+        err = ctypes.create_string_buffer(_ERR)
+        if self._lib.cslm_native_score(self._handle, rows.ctypes.data, len(rows), int(normalized),
+                                       out.ctypes.data, err, _ERR):
+            raise ValueError(err.value.decode(errors="replace"))
+        return out
+
+    def cache_counts(self) -> tuple[int, int]:
+        """(hits, misses) of the hidden-layer caches over the calls returned so far."""
+        hits, misses = ctypes.c_size_t(), ctypes.c_size_t()
+        self._lib.cslm_native_cache_counts(self._handle, ctypes.byref(hits), ctypes.byref(misses))
+        return hits.value, misses.value
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.cslm_native_close(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        self.close()

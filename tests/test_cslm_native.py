@@ -1,0 +1,115 @@
+"""The C++ evaluator from Python (cslm/native.py, cslm/cpp/cslm_native.cc) and the server's choice of evaluator."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from cslm import native
+from cslm.client import Client
+from cslm.engine import Engine
+from mtcommon.errors import UserError
+
+from test_cslm_local import model_dir  # noqa: F401 (a self-normalised model, shared within the module)
+from test_cslm_server import ServerThread, random_ngrams
+
+built = pytest.mark.skipif(native.library_path() is None, reason="cslm/_native not built (no C++ compiler)")
+
+
+def engines(path):
+    torch_engine = Engine.load(str(path), device="cpu", normalized=False)
+    native_engine = Engine.load(str(path), device="cpu", normalized=False)
+    assert native_engine.use_evaluator("native", 64) == "native"
+    return torch_engine, native_engine
+
+
+@built
+def test_native_scores_are_the_torch_engines(model_dir):  # noqa: F811
+    """Self-normalised o_w from the C++ evaluator equal torch's within float rounding, through a history cache
+    small enough that rows are replaced, and the exact path's o_w - ln Z too."""
+    out, _, _ = model_dir
+    torch_engine, native_engine = engines(out)
+    grams = random_ngrams(torch_engine, 500, 7, seed=5)
+    grams[250:, :-1] = grams[:250, :-1]  # histories met again: the cache's hits
+    rows = torch_engine.pad(grams)
+    want, flags = torch_engine.score_rows(rows)
+    for _ in range(2):
+        got, got_flags = native_engine.score_rows(rows)
+        assert got.dtype == np.float32 and np.max(np.abs(got - want)) < 1e-4
+        assert np.array_equal(got_flags, flags)
+    hits, misses = native_engine.native.cache_counts()
+    assert hits > 0 and hits + misses == 2 * len(rows)
+    exact = Engine.load(str(out), device="cpu").score_rows(rows)[0]
+    assert np.max(np.abs(native_engine.native.score(rows, normalized=True) - exact)) < 1e-4
+
+
+@built
+def test_native_calls_from_several_threads_get_their_own_answers(model_dir):  # noqa: F811
+    out, _, _ = model_dir
+    torch_engine, native_engine = engines(out)
+    parts = [torch_engine.pad(random_ngrams(torch_engine, 300, 7, seed=s)) for s in range(8)]
+    want = [native_engine.native.score(p, normalized=False) for p in parts]
+    got = [None] * len(parts)
+
+    def work(i):
+        for _ in range(20):
+            got[i] = native_engine.native.score(parts[i], normalized=False)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(parts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(g, w) for g, w in zip(got, want))
+
+
+@built
+def test_native_refuses_bad_rows_and_models(model_dir, tmp_path):  # noqa: F811
+    out, loaded, _ = model_dir
+    m = native.NativeModel(str(out), 0)
+    with pytest.raises(ValueError, match="rows must be"):
+        m.score(np.zeros((3, 4), np.int32), normalized=False)
+    bad = np.zeros((1, m.row_size), np.int32)
+    bad[0, -1] = m.vocab_size
+    with pytest.raises(ValueError):
+        m.score(bad, normalized=False)
+    with pytest.raises(UserError, match=str(tmp_path)):
+        native.NativeModel(str(tmp_path), 16)  # no model there: one line naming the file
+    exact = Engine.load(str(out), device="cpu")
+    with pytest.raises(UserError, match="--evaluator torch"):
+        exact.use_evaluator("native", None)
+
+
+def test_auto_takes_torch_where_the_library_is_not_built(model_dir, monkeypatch):  # noqa: F811
+    out, _, _ = model_dir
+    monkeypatch.setattr(native, "library_path", lambda: None)
+    engine = Engine.load(str(out), device="cpu", normalized=False)
+    assert engine.use_evaluator("auto", None) == "torch" and engine.native is None and engine.history_cache is None
+    assert engine.use_evaluator("torch", 100) == "torch" and engine.history_cache.slots == 100
+    monkeypatch.setattr(native, "_lib", None)
+    with pytest.raises(UserError, match="not built"):
+        engine.use_evaluator("native", None)
+
+
+@built
+def test_a_server_scores_with_the_cpp_evaluator_by_default(model_dir):  # noqa: F811
+    """`cslm serve --self-normalized` on a CPU: the C++ evaluator, its answers those of Moses's in-process mode
+    (the same evaluator), its history cache counted in STATS."""
+    out, _, _ = model_dir
+    engine = Engine.load(str(out), device="cpu", normalized=False)
+    reference = native.NativeModel(str(out), 0)
+    s = ServerThread(engine, cache_size=0)
+    try:
+        grams = random_ngrams(engine, 300, 7, seed=3)
+        grams[100:, :-1] = grams[:200, :-1]
+        with Client("127.0.0.1", s.port) as c, Client("127.0.0.1", s.port) as d:
+            for client, part in ((c, grams[:100]), (d, grams[100:120]), (c, grams[120:])):
+                assert np.array_equal(client.score(part)[0], reference.score(engine.pad(part), normalized=False))
+            st = c.stats()
+    finally:
+        s.stop()
+    assert st["model"]["evaluator"] == "native" and st["config"]["evaluator"] == "auto"
+    hc = st["history_cache"]
+    assert hc["capacity"] == 16384 and hc["hits"] > 0 and hc["hits"] + hc["misses"] == len(grams)
