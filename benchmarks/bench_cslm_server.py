@@ -11,7 +11,9 @@ each with one request of --request n-grams in flight at a time, as a decoder
 thread would; from each run's server, the medians of its requests' latency inside it (payload read to
 reply written) and of its engine calls (one per batch). Latency: one blocking client sending requests of
 1 and of 16 n-grams.
---self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities.
+--self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities; on a
+CPU both then compute with --evaluator (`cslm serve --evaluator`: auto takes the C++ one where it is built),
+neither with a history cache.
 Prints a JSON report (and writes it with --json).
 """
 
@@ -87,7 +89,7 @@ def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
 
 
 def start_server(model_dir: str, device: str, threads: int | None, max_batch: int, max_delay_us: int,
-                 self_normalized: bool = False):
+                 self_normalized: bool = False, evaluator: str = "auto"):
     folder = tempfile.mkdtemp(prefix="cslm-bench-")
     port_file = os.path.join(folder, "port")
     cmd = [sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file", port_file,
@@ -95,7 +97,7 @@ def start_server(model_dir: str, device: str, threads: int | None, max_batch: in
     if threads:
         cmd += ["--threads", str(threads)]
     if self_normalized:
-        cmd.append("--self-normalized")
+        cmd += ["--self-normalized", "--evaluator", evaluator]
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
     while not os.path.exists(port_file):
         if proc.poll() is not None:
@@ -119,6 +121,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--self-normalized", action="store_true",
                     help="both sides answer o_w (premultiplied first layer, one output row), as Moses asks")
+    ap.add_argument("--evaluator", choices=["auto", "native", "torch"], default="auto",
+                    help="with --self-normalized on a CPU: who computes, on both sides [%(default)s]")
     ap.add_argument("--json", help="also write the report here")
     a = ap.parse_args()
 
@@ -127,11 +131,15 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     engine = Engine.load(a.model_dir, device=a.device, normalized=not a.self_normalized)
+    evaluator = "torch"
+    if a.self_normalized and engine.device.type == "cpu":  # as the server chooses (cslm.server.Server)
+        evaluator = engine.use_evaluator(a.evaluator, 0)
     grams = load_ngrams(engine, a.text, a.ngrams)
     report = {
         "model": engine.model.config.to_dict(),
         "device": a.device,
         "scores": engine.scores,
+        "evaluator": evaluator,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "ngrams": int(len(grams)),
@@ -144,7 +152,8 @@ def main() -> None:
     del engine
 
     def server():
-        return start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized)
+        return start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized,
+                            evaluator)
 
     for c in a.clients:  # a server of its own for each: its STATS speak of this run alone
         proc, port = server()
