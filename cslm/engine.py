@@ -182,8 +182,9 @@ class Engine:
     def use_evaluator(self, evaluator: str, history_cache: int | None) -> str:
         """Who computes self-normalised scores on a CPU; returns the one chosen, "native" or "torch".
 
-        * "native": the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time on one
-          core, its cache of `history_cache` last hidden layers (None: NATIVE_HISTORY_SLOTS) per concurrent call;
+        * "native": the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time, a
+          call's rows split over torch's threads, a cache of `history_cache` last hidden layers (None:
+          NATIVE_HISTORY_SLOTS) per part;
         * "torch": this engine's batched path (`_chunk_self_normalized`), with a `HistoryCache` of
           `history_cache` rows (None: none);
         * "auto": "native" where the library is built, else "torch".
@@ -200,7 +201,8 @@ class Engine:
             raise UserError(f"the C++ evaluator computes a plain CSLM's self-normalised scores (--self-normalized) "
                             f"on a CPU; {self.name} is served {why}: --evaluator torch")
         if evaluator == "native" or (evaluator == "auto" and fits and native.library_path() is not None):
-            model = native.NativeModel(self.name, NATIVE_HISTORY_SLOTS if history_cache is None else history_cache)
+            model = native.NativeModel(self.name, NATIVE_HISTORY_SLOTS if history_cache is None else history_cache,
+                                       torch.get_num_threads())
             if model.row_size != self.order or model.vocab_size != len(self.vocab):
                 raise UserError(f"{self.name}: the C++ evaluator reads order {model.row_size} and "
                                 f"{model.vocab_size} words, torch order {self.order} and {len(self.vocab)}")

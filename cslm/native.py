@@ -42,7 +42,7 @@ def _library() -> ctypes.CDLL:
         lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t),
                                           ctypes.POINTER(ctypes.c_int)]
         lib.cslm_native_score.restype = ctypes.c_int
-        lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_char_p, size_t]
+        lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_uint, ctypes.c_char_p, size_t]
         lib.cslm_native_cache_counts.argtypes = [p, ctypes.POINTER(size_t), ctypes.POINTER(size_t)]
         lib.cslm_native_close.argtypes = [p]
         _lib = lib
@@ -50,10 +50,11 @@ def _library() -> ctypes.CDLL:
 
 
 class NativeModel:
-    """A model directory loaded by the C++ evaluator. Calls may come from several threads at once; each
-    then has its own working memory and cache of `history_slots` last hidden layers (0: none)."""
+    """A model directory loaded by the C++ evaluator. A call of many rows splits them over up to `threads`
+    threads (parts of at least 256 rows). Calls may come from several threads at once; each part then has its
+    own working memory and cache of `history_slots` last hidden layers (0: none)."""
 
-    def __init__(self, model_dir: str, history_slots: int):
+    def __init__(self, model_dir: str, history_slots: int, threads: int = 1):
         self._handle = None
         lib = _library()
         err = ctypes.create_string_buffer(_ERR)
@@ -61,6 +62,7 @@ class NativeModel:
         if not handle:
             raise UserError(err.value.decode(errors="replace") or f"{model_dir}: cannot load")
         self._lib, self._handle, self.model_dir, self.history_slots = lib, handle, model_dir, history_slots
+        self.threads = max(1, threads)
         row, vocab, self_norm = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_int()
         lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(self_norm))
         self.row_size, self.vocab_size, self.self_normalized = row.value, vocab.value, bool(self_norm.value)
@@ -74,7 +76,7 @@ class NativeModel:
         out = np.empty(len(rows), np.float32)
         err = ctypes.create_string_buffer(_ERR)
         if self._lib.cslm_native_score(self._handle, rows.ctypes.data, len(rows), int(normalized),
-                                       out.ctypes.data, err, _ERR):
+                                       out.ctypes.data, self.threads, err, _ERR):
             raise ValueError(err.value.decode(errors="replace"))
         return out
 

@@ -46,6 +46,24 @@ def test_native_scores_are_the_torch_engines(model_dir):  # noqa: F811
 
 
 @built
+def test_a_call_split_over_threads_answers_as_one_thread(model_dir):  # noqa: F811
+    """Rows split over threads (parts of at least 256 rows, each with a scratch of its own) give the scores of
+    one thread bit for bit, an error in any part is the call's, and the cache counts every row."""
+    out, _, _ = model_dir
+    engine = Engine.load(str(out), device="cpu", normalized=False)
+    rows = engine.pad(random_ngrams(engine, 2000, 7, seed=9))
+    one = native.NativeModel(str(out), 64, threads=1).score(rows, normalized=False)
+    split = native.NativeModel(str(out), 64, threads=4)
+    assert np.array_equal(split.score(rows, normalized=False), one)
+    hits, misses = split.cache_counts()
+    assert hits + misses == len(rows)
+    bad = rows.copy()
+    bad[1900, -1] = split.vocab_size  # in the last part
+    with pytest.raises(ValueError):
+        split.score(bad, normalized=False)
+
+
+@built
 def test_native_calls_from_several_threads_get_their_own_answers(model_dir):  # noqa: F811
     out, _, _ = model_dir
     torch_engine, native_engine = engines(out)

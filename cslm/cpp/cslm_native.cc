@@ -11,13 +11,17 @@
 //   cslm_native_score(m, rows, count, 0, logprobs, err, sizeof err);     // 0, or -1 and err
 //   cslm_native_close(m);
 //
-// Calls may come from several threads at once: each takes a working memory
-// (LocalModel::Scratch, with its own history cache) from a pool, so a call never
+// A call of many rows splits them over up to `threads` threads (contiguous
+// parts of at least kRowsPerThread rows), the first on the caller's. Calls may
+// come from several threads at once. Each part takes a working memory
+// (LocalModel::Scratch, with its own history cache) from a pool, so a part never
 // waits for another, and the pool holds as many as were ever in use at once.
 #include <string.h>
 
 #include <exception>
 #include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cslm_local.h"
@@ -54,6 +58,22 @@ struct Native {
   }
 };
 
+// Below this many rows a part's thread costs more than it saves.
+const size_t kRowsPerThread = 256;
+
+// Scores one part with a scratch of the pool; "" or what went wrong.
+std::string ScorePart(Native* n, const uint32_t* rows, size_t count, bool normalized, float* logprobs) {
+  cslm::LocalModel::Scratch* s = n->Take();
+  std::string error;
+  try {
+    if (count) n->model.Score(rows, count, normalized, logprobs, s);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  n->Give(s);
+  return error;
+}
+
 void Say(const char* what, char* err, size_t size) {
   if (!err || !size) return;
   strncpy(err, what, size - 1);
@@ -87,21 +107,38 @@ void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size, int
 }
 
 // Scores `count` rows of row_size() uint32 ids (history oldest first, the
-// predicted word last) into logprobs: o_w - ln Z if `normalized`, else o_w.
-// Returns 0, or -1 with the reason in err (an id outside the vocabulary).
+// predicted word last) into logprobs: o_w - ln Z if `normalized`, else o_w; on
+// up to `threads` threads (0 or 1: the caller's alone). Returns 0, or -1 with
+// the reason in err (an id outside the vocabulary).
 int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int normalized, float* logprobs,
-                      char* err, size_t err_size) {
+                      unsigned threads, char* err, size_t err_size) {
   Native* n = static_cast<Native*>(handle);
-  cslm::LocalModel::Scratch* s = n->Take();
-  int rc = 0;
-  try {
-    if (count) n->model.Score(rows, count, normalized != 0, logprobs, s);
-  } catch (const std::exception& e) {
-    Say(e.what(), err, err_size);
-    rc = -1;
+  const unsigned width = n->model.row_size();
+  size_t parts = count / kRowsPerThread;
+  if (parts > threads) parts = threads;
+  if (parts < 1) parts = 1;
+  const size_t per = (count + parts - 1) / parts;
+  std::vector<std::string> errors(parts);
+  std::vector<std::thread> helpers;
+  for (size_t k = 1; k < parts; ++k) {
+    const size_t begin = k * per, end = begin + per < count ? begin + per : count;
+    try {
+      helpers.push_back(std::thread([=, &errors]() {
+        errors[k] = ScorePart(n, rows + begin * width, end - begin, normalized != 0, logprobs + begin);
+      }));
+    } catch (const std::exception&) {  // no thread to be had: this part on the caller's
+      errors[k] = ScorePart(n, rows + begin * width, end - begin, normalized != 0, logprobs + begin);
+    }
   }
-  n->Give(s);
-  return rc;
+  errors[0] = ScorePart(n, rows, per < count ? per : count, normalized != 0, logprobs);
+  for (size_t i = 0; i < helpers.size(); ++i) helpers[i].join();
+  for (size_t k = 0; k < parts; ++k) {
+    if (!errors[k].empty()) {
+      Say(errors[k].c_str(), err, err_size);
+      return -1;
+    }
+  }
+  return 0;
 }
 
 // Hidden-layer cache lookups of the calls returned so far: found and computed.
