@@ -346,8 +346,9 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
                    "and cost more than it saved; it pays for clients that repeat n-grams.")
 @click.option("--evaluator", type=click.Choice(["auto", "native", "torch"]), default="auto", show_default=True,
               help="With --self-normalized on a CPU, who computes: native, the C++ evaluator of Moses's in-process "
-                   "mode (one history at a time on one core; the faster on a decoder's requests); torch, batched "
-                   "matrix products on --threads cores; auto, native where the install built it.")
+                   "mode (one history at a time, a request's rows split over --threads cores; the faster on a "
+                   "decoder's requests); torch, batched matrix products on --threads cores; auto, native where the "
+                   "install built it.")
 @click.option("--history-cache", type=click.IntRange(min=0),
               help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
                    "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "

@@ -2,9 +2,10 @@
 cslm/cpp/cslm_local.cc's LocalModel does, through the library cslm/_native (cslm/cpp/cslm_native.cc, built
 by `pip install`; ctypes, no Python headers).
 
-`cslm serve --self-normalized` on a CPU scores with it (`Engine.use_native`): per n-gram one output row
-over a cached last hidden layer, the histories one at a time on one core, where torch batches them into
-matrix products; on a decoder's requests it is the faster of the two (docs/moses-feature.md, "Measured").
+`cslm serve --self-normalized` on a CPU scores with it (`Engine.use_evaluator`): per n-gram one output row
+over a cached last hidden layer, the histories one at a time (a call's rows split over threads), where torch
+batches them into matrix products; on a decoder's requests it is the faster of the two (docs/moses-feature.md,
+"The server beside the decoder on CPU cores").
 """
 
 from __future__ import annotations
