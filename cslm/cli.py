@@ -352,7 +352,8 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--history-cache", type=click.IntRange(min=0),
               help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
                    "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "
-                   "the C++ evaluator keeps one per concurrent call). 0: none [16384 native, 0 torch].")
+                   "the C++ evaluator keeps one per part of a request scored at once). 0: none "
+                   "[16384 native, 0 torch].")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
@@ -381,8 +382,8 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
 def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, evaluator, history_cache, max_frame,
-          idle_timeout, frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm, self_normalized, device,
-          threads, port_file):
+          idle_timeout, frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm,
+          self_normalized, device, threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
     from .limits import ServerConfig, connection_limit
     from .server import check_port_file, serve as run

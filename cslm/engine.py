@@ -28,7 +28,7 @@ from .model import CSLM
 from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
 
 LN10 = math.log(10.0)
-# rows of the C++ evaluator's history cache per concurrent call, as Moses's in-process mode keeps per decoder
+# rows of the C++ evaluator's history cache per part scored at once, as Moses's in-process mode keeps per decoder
 # thread (its `history-cache`, docs/moses-feature.md): 16,384 x the last layer x 4 bytes (16 MB for `small`)
 NATIVE_HISTORY_SLOTS = 16384
 

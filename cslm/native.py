@@ -40,8 +40,7 @@ def _library() -> ctypes.CDLL:
         size_t, p = ctypes.c_size_t, ctypes.c_void_p
         lib.cslm_native_open.restype = p
         lib.cslm_native_open.argtypes = [ctypes.c_char_p, size_t, ctypes.c_char_p, size_t]
-        lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t),
-                                          ctypes.POINTER(ctypes.c_int)]
+        lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t)]
         lib.cslm_native_score.restype = ctypes.c_int
         lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_uint, ctypes.c_char_p, size_t]
         lib.cslm_native_cache_counts.argtypes = [p, ctypes.POINTER(size_t), ctypes.POINTER(size_t)]
@@ -64,9 +63,9 @@ class NativeModel:
             raise UserError(err.value.decode(errors="replace") or f"{model_dir}: cannot load")
         self._lib, self._handle, self.model_dir, self.history_slots = lib, handle, model_dir, history_slots
         self.threads = max(1, threads)
-        row, vocab, self_norm = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_int()
-        lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(self_norm))
-        self.row_size, self.vocab_size, self.self_normalized = row.value, vocab.value, bool(self_norm.value)
+        row, vocab = ctypes.c_uint(), ctypes.c_size_t()
+        lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab))
+        self.row_size, self.vocab_size = row.value, vocab.value
 
     def score(self, rows: np.ndarray, normalized: bool) -> np.ndarray:
         """(N, row_size) ids (history oldest first, the predicted word last) -> (N,) float32: o_w - ln Z if

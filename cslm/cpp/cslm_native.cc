@@ -8,7 +8,7 @@
 //
 //   char err[512];
 //   void* m = cslm_native_open("/models/cslm", 16384, err, sizeof err);  // 0 on failure, err says why
-//   cslm_native_score(m, rows, count, 0, logprobs, err, sizeof err);     // 0, or -1 and err
+//   cslm_native_score(m, rows, count, 0, logprobs, 2, err, sizeof err);  // 2 threads; 0, or -1 and err
 //   cslm_native_close(m);
 //
 // A call of many rows splits them over up to `threads` threads (contiguous
@@ -37,7 +37,7 @@ struct Native {
   size_t history_slots;
   std::mutex mutex;
   std::vector<cslm::LocalModel::Scratch*> all, idle;  // every scratch, and those no call holds
-  size_t hits = 0, misses = 0;  // the history caches' lookups, counted as each call gives its scratch back
+  size_t hits = 0, misses = 0;  // the history caches' lookups, counted as each part gives its scratch back
 
   cslm::LocalModel::Scratch* Take() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -84,8 +84,8 @@ void Say(const char* what, char* err, size_t size) {
 
 extern "C" {
 
-// Loads MODEL_DIR; `history_slots` rows of hidden-layer cache per concurrent
-// call (0: none). Returns a handle, or 0 with the reason ("FILE: reason") in err.
+// Loads MODEL_DIR; `history_slots` rows of hidden-layer cache per part scored
+// at once (0: none). Returns a handle, or 0 with the reason ("FILE: reason") in err.
 void* cslm_native_open(const char* model_dir, size_t history_slots, char* err, size_t err_size) {
   try {
     return new Native(model_dir, history_slots);
@@ -97,13 +97,11 @@ void* cslm_native_open(const char* model_dir, size_t history_slots, char* err, s
   return 0;
 }
 
-// What the model is: ids per row (order + source window), the vocabulary's size,
-// and whether training made it self-normalised (1) or not (0).
-void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size, int* self_normalized) {
+// What the model is: ids per row (order + source window) and the vocabulary's size.
+void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size) {
   const cslm::LocalModel& m = static_cast<Native*>(handle)->model;
   *row_size = m.row_size();
   *vocab_size = m.vocab_size();
-  *self_normalized = m.self_normalized() ? 1 : 0;
 }
 
 // Scores `count` rows of row_size() uint32 ids (history oldest first, the
