@@ -2,16 +2,18 @@
 an n-gram cache.
 
 The batcher takes the oldest waiting request, then keeps collecting for at most `max_delay` seconds or until
-`max_batch` n-grams are waiting, and not at all once every attached connection has a request waiting (a lone
-decoder thread never waits). A batch is filled in turns: each connection with work gives one slice of its
+`max_batch` n-grams are waiting (or `full_batch`, where a larger batch costs the scorer as much per n-gram),
+and not at all once every attached connection has a request waiting (a lone decoder thread never waits). A
+batch is filled in turns: each connection with work gives one slice of its
 oldest request (as much of it as the batch has room for), then the next connection, round and round; the
 turn passes on from batch to batch, so a connection that sends a flood of large requests gets a batch's
 share, not the whole engine, and another connection's request is scored within the next batch or two. A
 request split over several batches is answered once its last slice is scored.
 
 Each batch is one `Engine.score_rows` call: in a worker thread, or on the loop's own thread for at most
-INLINE_ROWS n-grams, where the thread hop would cost more than the work. While the worker computes, new
-requests queue up and form the next batch, so under load batches fill without waiting.
+INLINE_ROWS n-grams, where the thread hop would cost more than the work, or for a lone connection's request
+of at most `full_batch`. While the worker computes, new requests queue up and form the next batch, so under
+load batches fill without waiting.
 """
 
 from __future__ import annotations
@@ -117,8 +119,11 @@ class Request:
 
 
 class Batcher:
-    def __init__(self, scorer, max_batch: int, max_delay: float, stats: Stats):
+    def __init__(self, scorer, max_batch: int, max_delay: float, stats: Stats, full_batch: int | None = None):
         self.scorer, self.max_batch, self.max_delay, self.stats = scorer, max_batch, max_delay, stats
+        # rows past which a larger batch is no cheaper per row (the C++ evaluator's, once every thread has a
+        # part), where the scorer has such a size; None: every row more helps (torch), up to max_batch
+        self.full_batch = min(max_batch, full_batch) if full_batch else None
         self.queues: dict[object, collections.deque] = {}  # connection -> its waiting requests, oldest first
         self.turns: collections.deque = collections.deque()  # the connections in `queues`, next turn first
         self.attached = 0  # connections that may send requests
@@ -162,6 +167,14 @@ class Batcher:
         return (not self.turns and not self.computing and not self.stopping
                 and (self.attached <= 1 or self.max_delay <= 0))
 
+    def takes_now(self, rows: int) -> bool:
+        """Whether a request of `rows` n-grams is scored on the caller's thread (`score_now`): the batcher
+        `idle`, and the request small (INLINE_ROWS), or from the only connection and at most a full batch
+        (`full_batch` where the scorer gives one: a few milliseconds, during which only a new connection's
+        handshake can wait)."""
+        lone = self.attached <= 1 and self.full_batch is not None
+        return self.idle() and (rows <= INLINE_ROWS or (lone and rows <= self.full_batch))
+
     def score_now(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Score `rows` on the caller's thread, as one batch: the server's fast path for a small request
         that finds the batcher `idle` (no other request to batch with, none to wait behind)."""
@@ -198,8 +211,9 @@ class Batcher:
 
     # -- the loop -------------------------------------------------------------
     def _should_wait(self, deadline: float) -> bool:
-        """Whether others may still join: room in the batch, a connection with nothing waiting, time left."""
-        return (self.waiting < self.max_batch and len(self.turns) < self.attached and not self.stopping
+        """Whether others may still join, and it pays: a batch not yet full (`full_batch`), a connection with
+        nothing waiting, time left."""
+        return (self.waiting < (self.full_batch or self.max_batch) and len(self.turns) < self.attached and not self.stopping
                 and time.monotonic() < deadline)
 
     async def run(self) -> None:

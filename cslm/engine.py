@@ -213,6 +213,13 @@ class Engine:
         return "torch"
 
     @property
+    def full_batch(self) -> int | None:
+        """Rows of a `score_rows` call past which a larger one costs as much per row: the C++ evaluator's
+        `full_rows` (it computes the histories one at a time); None for torch, whose matrix products gain
+        from every row more (docs/cslm.md, "Server")."""
+        return self.native.full_rows if self.native is not None else None
+
+    @property
     def scores(self) -> str:
         """What the numbers are: "exact" (o_w - ln Z, log-probabilities) or "self-normalized" (o_w)."""
         return "exact" if self.normalized else "self-normalized"

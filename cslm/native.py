@@ -18,6 +18,7 @@ import numpy as np
 from mtcommon.errors import UserError
 
 _ERR = 1024  # bytes of an error message from the library
+ROWS_PER_THREAD = 256  # a call's rows per thread at least (cslm_native.cc: kRowsPerThread)
 
 
 def library_path() -> str | None:
@@ -79,6 +80,11 @@ class NativeModel:
                                        out.ctypes.data, self.threads, err, _ERR):
             raise ValueError(err.value.decode(errors="replace"))
         return out
+
+    @property
+    def full_rows(self) -> int:
+        """Rows of a call that keep every thread busy: a larger call is no cheaper per row."""
+        return ROWS_PER_THREAD * self.threads
 
     def cache_counts(self) -> tuple[int, int]:
         """(hits, misses) of the hidden-layer caches over the calls returned so far."""

@@ -128,7 +128,8 @@ class Server:
             reason = os.strerror(e.errno) if e.errno and e.errno > 0 else (e.strerror or str(e))
             raise UserError(f"cannot listen on {self.cfg.host}:{self.cfg.port}: {reason[:1].lower()}{reason[1:]} "
                             f"(--host, --port; --port 0 takes any free port)") from None
-        self.batcher = Batcher(self.scorer, self.cfg.max_batch, self.cfg.max_delay, self.stats)
+        self.batcher = Batcher(self.scorer, self.cfg.max_batch, self.cfg.max_delay, self.stats,
+                               self.engine.full_batch)
         self.batcher.task = asyncio.create_task(self.batcher.run())
         self._done = asyncio.Event()
         loop.set_exception_handler(self._loop_exception)
@@ -283,7 +284,7 @@ class Server:
                 elif type_ == P.SCORE:
                     rows = self.engine.left_pad(P.decode_score(payload, self.engine.order, len(self.engine.vocab)))
                     del payload
-                    if len(rows) <= INLINE_ROWS and self.batcher.idle():
+                    if self.batcher.takes_now(len(rows)):
                         # the fast path: a small request with nothing to batch with, scored here and now, as the
                         # batcher would (on the loop's thread), without its task, future and turn. Larger ones
                         # go to the worker thread, so that the loop stays free for other connections meanwhile.

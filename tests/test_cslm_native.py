@@ -54,6 +54,7 @@ def test_a_call_split_over_threads_answers_as_one_thread(model_dir):  # noqa: F8
     rows = engine.pad(random_ngrams(engine, 2000, 7, seed=9))
     one = native.NativeModel(str(out), 64, threads=1).score(rows, normalized=False)
     split = native.NativeModel(str(out), 64, threads=4)
+    assert split.full_rows == 4 * native.ROWS_PER_THREAD  # what the server's batches need, no more
     assert np.array_equal(split.score(rows, normalized=False), one)
     hits, misses = split.cache_counts()
     assert hits + misses == len(rows)
@@ -105,6 +106,7 @@ def test_auto_takes_torch_where_the_library_is_not_built(model_dir, monkeypatch)
     monkeypatch.setattr(native, "library_path", lambda: None)
     engine = Engine.load(str(out), device="cpu", normalized=False)
     assert engine.use_evaluator("auto", None) == "torch" and engine.native is None and engine.history_cache is None
+    assert engine.full_batch is None  # torch: every row more helps
     assert engine.use_evaluator("torch", 100) == "torch" and engine.history_cache.slots == 100
     monkeypatch.setattr(native, "_lib", None)
     with pytest.raises(UserError, match="not built"):
@@ -125,9 +127,12 @@ def test_a_server_scores_with_the_cpp_evaluator_by_default(model_dir):  # noqa: 
         with Client("127.0.0.1", s.port) as c, Client("127.0.0.1", s.port) as d:
             for client, part in ((c, grams[:100]), (d, grams[100:120]), (c, grams[120:])):
                 assert np.array_equal(client.score(part)[0], reference.score(engine.pad(part), normalized=False))
+        with Client("127.0.0.1", s.port) as c:  # alone: up to a full batch scored on the loop's thread
+            for part in (grams[:70], grams):
+                assert np.array_equal(c.score(part)[0], reference.score(engine.pad(part), normalized=False))
             st = c.stats()
     finally:
         s.stop()
     assert st["model"]["evaluator"] == "native" and st["config"]["evaluator"] == "auto"
     hc = st["history_cache"]
-    assert hc["capacity"] == 16384 and hc["hits"] > 0 and hc["hits"] + hc["misses"] == len(grams)
+    assert hc["capacity"] == 16384 and hc["hits"] > 0 and hc["hits"] + hc["misses"] == 2 * len(grams) + 70

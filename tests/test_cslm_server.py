@@ -205,6 +205,42 @@ def test_stats_count_a_known_sequence_exactly(engine):  # noqa: F811
     assert st["compute_ms"]["window"] == 4 and 0 < st["compute_ms"]["max"] <= st["latency_ms"]["max"]
 
 
+def test_a_batch_waits_only_while_more_rows_would_pay():
+    """A batch waits for an idle connection's requests while it is smaller than the scorer's full batch (the
+    C++ evaluator's), or than max_batch where the scorer has none (torch); a lone connection's request of up to
+    a full batch is scored on the caller's thread, else only a small one (INLINE_ROWS)."""
+    from cslm.batcher import INLINE_ROWS, Batcher
+    from cslm.stats import Stats
+
+    def scorer(rows):
+        return np.zeros(len(rows), np.float32), np.zeros(len(rows), np.uint8)
+
+    def rows(n):
+        return np.zeros((n, 7), np.int32)
+
+    async def main():
+        later = time.monotonic() + 60
+        full, plain = Batcher(scorer, 8192, 0.01, Stats(), 512), Batcher(scorer, 8192, 0.01, Stats())
+        try:
+            for b in (full, plain):
+                b.attach()
+                assert b.takes_now(INLINE_ROWS) and b.takes_now(512) == (b is full) and not b.takes_now(513)
+                b.attach()  # one connection sends, another is idle
+                assert b.takes_now(INLINE_ROWS) is False
+                b.submit(rows(511), "a")
+                assert b._should_wait(later)
+                b.submit(rows(1), "a")
+                assert b._should_wait(later) == (b is plain)  # 512 rows: full for the C++ evaluator
+                b.submit(rows(8192 - 512), "a")
+                assert not b._should_wait(later)  # max_batch: full for any scorer
+                assert not b._should_wait(time.monotonic())  # the delay is over
+        finally:
+            full.close()
+            plain.close()
+
+    asyncio.run(main())
+
+
 def test_a_self_normalized_server_keeps_histories_and_answers_as_the_engine(cslm_model):  # noqa: F811
     """The self-normalised server with torch's evaluator scores through its history cache (STATS counts it),
     small requests of a lone client on the fast path and larger ones through the batcher, and answers what the

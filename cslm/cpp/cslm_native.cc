@@ -58,7 +58,7 @@ struct Native {
   }
 };
 
-// Below this many rows a part's thread costs more than it saves.
+// Below this many rows a part's thread costs more than it saves (cslm/native.py: ROWS_PER_THREAD).
 const size_t kRowsPerThread = 256;
 
 // Scores one part with a scratch of the pool; "" or what went wrong.
