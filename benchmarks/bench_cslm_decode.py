@@ -72,7 +72,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED, emit, require_shared  # noqa: E402
+from common import SHARED, emit, parse_cpus, pinned, require_shared  # noqa: E402
 
 from cslm.client import Client  # noqa: E402
 
@@ -136,22 +136,6 @@ def moses_ini(path: Path, table: Path, lm: Path, cslm_line: str | list[str] | No
 
 
 STATS = re.compile(r"CSLM0: sentence \d+: requests (\d+), n-grams evaluated (\d+), cache hits (\d+), hidden layers computed (\d+)")
-
-
-def pinned(cpus: set[int] | None):
-    """A preexec_fn that keeps a child process on `cpus` (None: anywhere)."""
-    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-
-
-def parse_cpus(text: str | None) -> set[int] | None:
-    """"0,1" or "0-3,8" -> {0, 1} / {0, 1, 2, 3, 8}; None stays None."""
-    if not text:
-        return None
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 # Moses's own clock on stderr: when loading is over ("Created input-output object : [3.121] seconds") and when

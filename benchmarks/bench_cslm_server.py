@@ -2,18 +2,19 @@
 
     python benchmarks/bench_cslm_server.py MODEL_DIR TEXT [--clients 1 8 64] [--request 256] [--self-normalized]
 
-The n-grams are those of the sentences of TEXT (every word and </s>, history
-padded with <s>). In process: `Engine.score_ids` on batches of --max-batch
-n-grams (the server's ratio to it is the target's), and on batches of
---request n-grams (one client's requests can get no more). Through the server: a `cslm serve` child process (n-gram cache off,
-so every n-gram is computed) and C concurrent connections from this process,
-each with one request of --request n-grams in flight at a time, as a decoder
-thread would; from each run's server, the medians of its requests' latency inside it (payload read to
-reply written) and of its engine calls (one per batch). Latency: one blocking client sending requests of
-1 and of 16 n-grams.
+The n-grams are those of the sentences of TEXT (every word and </s>, history padded with <s>). In process:
+`Engine.score_ids` on batches of --max-batch n-grams (the server's ratio to it is the target's), and on
+batches of --request n-grams (one client's requests can get no more). Through the server: a `cslm serve`
+child process (n-gram cache off, so every n-gram is computed) and C connections from this process, each with
+one request of --request n-grams in flight at a time, as a decoder thread would: one client a blocking
+connection, several asyncio ones. From each run's server, the medians of its requests' latency inside it
+(payload read to reply written) and of its engine calls (one per batch), and its batches' mean size.
+Latency: one blocking client sending requests of 1 and of 16 n-grams.
 --self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities; on a
 CPU both then compute with --evaluator (`cslm serve --evaluator`: auto takes the C++ one where it is built),
 neither with a history cache.
+--server-cpus: the engine alone and the server run on these CPUs (one thread each by default), the clients
+on the others, so that the clients' own work does not take the server's cores.
 Prints a JSON report (and writes it with --json).
 """
 
@@ -30,7 +31,7 @@ import time
 import numpy as np
 
 from cslm.client import AsyncClient, Client
-from common import emit
+from common import emit, parse_cpus, pinned
 from cslm.engine import Engine
 from mtcommon.textio import iter_lines
 
@@ -100,7 +101,7 @@ def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
 
 
 def start_server(model_dir: str, device: str, threads: int | None, max_batch: int, max_delay_us: int,
-                 self_normalized: bool = False, evaluator: str = "auto"):
+                 self_normalized: bool = False, evaluator: str = "auto", cpus: set[int] | None = None):
     folder = tempfile.mkdtemp(prefix="cslm-bench-")
     port_file = os.path.join(folder, "port")
     cmd = [sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file", port_file,
@@ -109,7 +110,7 @@ def start_server(model_dir: str, device: str, threads: int | None, max_batch: in
         cmd += ["--threads", str(threads)]
     if self_normalized:
         cmd += ["--self-normalized", "--evaluator", evaluator]
-    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, preexec_fn=pinned(cpus))
     while not os.path.exists(port_file):
         if proc.poll() is not None:
             raise SystemExit("the server failed to start")
@@ -129,7 +130,9 @@ def main() -> None:
     ap.add_argument("--max-delay-us", type=int, default=200)
     ap.add_argument("--latency-requests", type=int, default=300)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int)
+    ap.add_argument("--threads", type=int, help="the engine's threads, on both sides [all, or one per --server-cpus]")
+    ap.add_argument("--server-cpus", type=parse_cpus,
+                    help="keep the server, and the engine alone, on these CPUs (e.g. 1), the clients on the others")
     ap.add_argument("--self-normalized", action="store_true",
                     help="both sides answer o_w (premultiplied first layer, one output row), as Moses asks")
     ap.add_argument("--evaluator", choices=["auto", "native", "torch"], default="auto",
@@ -139,6 +142,14 @@ def main() -> None:
 
     import torch
 
+    client_cpus = None
+    if a.server_cpus:  # the engine alone measured where the server will run; the clients kept off those cores
+        client_cpus = os.sched_getaffinity(0) - a.server_cpus
+        if not client_cpus or not a.server_cpus <= os.sched_getaffinity(0):
+            raise SystemExit(f"--server-cpus must be some of this process's CPUs {sorted(os.sched_getaffinity(0))}, "
+                             f"not all")
+        os.sched_setaffinity(0, a.server_cpus)
+        a.threads = a.threads or len(a.server_cpus)
     if a.threads:
         torch.set_num_threads(a.threads)
     engine = Engine.load(a.model_dir, device=a.device, normalized=not a.self_normalized)
@@ -153,6 +164,8 @@ def main() -> None:
         "evaluator": evaluator,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
+        "server_cpus": sorted(a.server_cpus) if a.server_cpus else None,
+        "client_cpus": sorted(client_cpus) if client_cpus else None,
         "ngrams": int(len(grams)),
         "distinct_histories": int(len(np.unique(grams[:, :-1], axis=0))),
         "request_ngrams": a.request,
@@ -161,10 +174,12 @@ def main() -> None:
         "in_process_at_request_ngrams_per_s": round(in_process(engine, grams, a.request)),
     }
     del engine
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
 
     def server():
         return start_server(a.model_dir, a.device, a.threads, a.max_batch, a.max_delay_us, a.self_normalized,
-                            evaluator)
+                            evaluator, a.server_cpus)
 
     for c in a.clients:  # a server of its own for each: its STATS speak of this run alone
         proc, port = server()

@@ -113,6 +113,22 @@ def gemm_rate(device: torch.device, m: int, k: int, n: int, dtype: torch.dtype =
     return statistics.median(rates)
 
 
+def pinned(cpus: set[int] | None):
+    """A preexec_fn that keeps a child process on `cpus` (None: anywhere)."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
+def parse_cpus(text: str | None) -> set[int] | None:
+    """"0,1" or "0-3,8" -> {0, 1} / {0, 1, 2, 3, 8}; None stays None."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def emit(report: dict, path: str | None = None) -> None:
     """Print a benchmark's JSON report (the last thing on stdout, as run_all.py reads it); also write it to `path`."""
     text = json.dumps(report, indent=2)

@@ -71,6 +71,8 @@ class NativeModel:
     def score(self, rows: np.ndarray, normalized: bool) -> np.ndarray:
         """(N, row_size) ids (history oldest first, the predicted word last) -> (N,) float32: o_w - ln Z if
         `normalized`, else o_w (cslm_local.h, LocalModel::Score)."""
+        if rows.dtype == np.int32:  # the engine's padded rows, not copied (a negative id reads as one too large)
+            rows = rows.view(np.uint32)
         rows = np.ascontiguousarray(rows, dtype=np.uint32)
         if rows.ndim != 2 or rows.shape[1] != self.row_size:
             raise ValueError(f"rows must be (N, {self.row_size}) ids, got shape {rows.shape}")

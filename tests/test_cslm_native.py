@@ -91,9 +91,10 @@ def test_native_refuses_bad_rows_and_models(model_dir, tmp_path):  # noqa: F811
     with pytest.raises(ValueError, match="rows must be"):
         m.score(np.zeros((3, 4), np.int32), normalized=False)
     bad = np.zeros((1, m.row_size), np.int32)
-    bad[0, -1] = m.vocab_size
-    with pytest.raises(ValueError):
-        m.score(bad, normalized=False)
+    for wrong in (m.vocab_size, -1):  # int32 rows go in as they are: a negative id is out of range too
+        bad[0, -1] = wrong
+        with pytest.raises(ValueError, match="beyond the vocabulary"):
+            m.score(bad, normalized=False)
     with pytest.raises(UserError, match=str(tmp_path)):
         native.NativeModel(str(tmp_path), 16)  # no model there: one line naming the file
     exact = Engine.load(str(out), device="cpu")
