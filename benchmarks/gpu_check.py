@@ -681,10 +681,14 @@ class GpuCheck:
                 "server_1_client_ngrams_per_s": rep["server_1_clients_ngrams_per_s"],
                 f"server_{many}_clients_ngrams_per_s": rep[f"server_{many}_clients_ngrams_per_s"],
                 "server_1_client_vs_engine": rep["server_1_clients_vs_in_process"],
+                # the engine on calls of one request's size: what one client's requests can get at best
+                "engine_at_request_ngrams_per_s": rep["in_process_at_request_ngrams_per_s"],
+                "server_1_client_vs_engine_at_request": rep["server_1_clients_vs_in_process_at_request"],
                 # one client's request inside the server, and the engine's call within it (medians, ms)
                 "server_1_client_request_ms_p50": rep["server_1_clients_request_ms_p50"],
                 "server_1_client_engine_ms_p50": rep["server_1_clients_engine_ms_p50"],
                 "server_many_clients_vs_engine": rep[f"server_{many}_clients_vs_in_process"],
+                "server_many_clients_batch_ngrams_mean": rep[f"server_{many}_clients_batch_ngrams_mean"],
                 "many_clients": many, "latency_ms_1_ngram_p50": rep["latency_ms_1_ngrams"]["p50"],
                 "latency_ms_16_ngrams_p50": rep["latency_ms_16_ngrams"]["p50"]}
 
