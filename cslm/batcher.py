@@ -4,11 +4,11 @@ an n-gram cache.
 The batcher takes the oldest waiting request, then keeps collecting for at most `max_delay` seconds or until
 `max_batch` n-grams are waiting (or `full_batch`, where a larger batch costs the scorer as much per n-gram),
 and not at all once every attached connection has a request waiting (a lone decoder thread never waits). A
-batch is filled in turns: each connection with work gives one slice of its
-oldest request (as much of it as the batch has room for), then the next connection, round and round; the
-turn passes on from batch to batch, so a connection that sends a flood of large requests gets a batch's
-share, not the whole engine, and another connection's request is scored within the next batch or two. A
-request split over several batches is answered once its last slice is scored.
+batch is filled in turns: each connection with work gives one slice of its oldest request (as much of it as
+the batch has room for), then the next connection, round and round; the turn passes on from batch to batch,
+so a connection that sends a flood of large requests gets a batch's share, not the whole engine, and another
+connection's request is scored within the next batch or two. A request split over several batches is
+answered once its last slice is scored.
 
 Each batch is one `Engine.score_rows` call: in a worker thread, or on the loop's own thread for at most
 INLINE_ROWS n-grams, where the thread hop would cost more than the work, or for a lone connection's request
@@ -213,8 +213,8 @@ class Batcher:
     def _should_wait(self, deadline: float) -> bool:
         """Whether others may still join, and it pays: a batch not yet full (`full_batch`), a connection with
         nothing waiting, time left."""
-        return (self.waiting < (self.full_batch or self.max_batch) and len(self.turns) < self.attached and not self.stopping
-                and time.monotonic() < deadline)
+        return (self.waiting < (self.full_batch or self.max_batch) and len(self.turns) < self.attached
+                and not self.stopping and time.monotonic() < deadline)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
