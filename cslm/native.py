@@ -18,7 +18,6 @@ import numpy as np
 from mtcommon.errors import UserError
 
 _ERR = 1024  # bytes of an error message from the library
-ROWS_PER_THREAD = 256  # a call's rows per thread at least (cslm_native.cc: kRowsPerThread)
 
 
 def library_path() -> str | None:
@@ -41,7 +40,8 @@ def _library() -> ctypes.CDLL:
         size_t, p = ctypes.c_size_t, ctypes.c_void_p
         lib.cslm_native_open.restype = p
         lib.cslm_native_open.argtypes = [ctypes.c_char_p, size_t, ctypes.c_char_p, size_t]
-        lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t)]
+        lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t),
+                                          ctypes.POINTER(size_t)]
         lib.cslm_native_score.restype = ctypes.c_int
         lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_uint, ctypes.c_char_p, size_t]
         lib.cslm_native_cache_counts.argtypes = [p, ctypes.POINTER(size_t), ctypes.POINTER(size_t)]
@@ -64,9 +64,10 @@ class NativeModel:
             raise UserError(err.value.decode(errors="replace") or f"{model_dir}: cannot load")
         self._lib, self._handle, self.model_dir, self.history_slots = lib, handle, model_dir, history_slots
         self.threads = max(1, threads)
-        row, vocab = ctypes.c_uint(), ctypes.c_size_t()
-        lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab))
-        self.row_size, self.vocab_size = row.value, vocab.value
+        row, vocab, per_thread = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_size_t()
+        lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(per_thread))
+        # ids per row, words, and the fewest rows a call gives each thread
+        self.row_size, self.vocab_size, self.rows_per_thread = row.value, vocab.value, per_thread.value
 
     def score(self, rows: np.ndarray, normalized: bool) -> np.ndarray:
         """(N, row_size) ids (history oldest first, the predicted word last) -> (N,) float32: o_w - ln Z if
@@ -86,7 +87,7 @@ class NativeModel:
     @property
     def full_rows(self) -> int:
         """Rows of a call that keep every thread busy: a larger call is no cheaper per row."""
-        return ROWS_PER_THREAD * self.threads
+        return self.rows_per_thread * self.threads
 
     def cache_counts(self) -> tuple[int, int]:
         """(hits, misses) of the hidden-layer caches over the calls returned so far."""

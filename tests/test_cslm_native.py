@@ -54,7 +54,7 @@ def test_a_call_split_over_threads_answers_as_one_thread(model_dir):  # noqa: F8
     rows = engine.pad(random_ngrams(engine, 2000, 7, seed=9))
     one = native.NativeModel(str(out), 64, threads=1).score(rows, normalized=False)
     split = native.NativeModel(str(out), 64, threads=4)
-    assert split.full_rows == 4 * native.ROWS_PER_THREAD  # what the server's batches need, no more
+    assert split.full_rows == 4 * 256  # what the server's batches need, no more (parts of at least 256 rows)
     assert np.array_equal(split.score(rows, normalized=False), one)
     hits, misses = split.cache_counts()
     assert hits + misses == len(rows)

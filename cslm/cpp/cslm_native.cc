@@ -58,7 +58,7 @@ struct Native {
   }
 };
 
-// Below this many rows a part's thread costs more than it saves (cslm/native.py: ROWS_PER_THREAD).
+// Below this many rows a part's thread costs more than it saves.
 const size_t kRowsPerThread = 256;
 
 // Scores one part with a scratch of the pool; "" or what went wrong.
@@ -97,11 +97,13 @@ void* cslm_native_open(const char* model_dir, size_t history_slots, char* err, s
   return 0;
 }
 
-// What the model is: ids per row (order + source window) and the vocabulary's size.
-void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size) {
+// What the model is: ids per row (order + source window) and the vocabulary's
+// size; and the fewest rows a call gives each thread (kRowsPerThread).
+void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size, size_t* rows_per_thread) {
   const cslm::LocalModel& m = static_cast<Native*>(handle)->model;
   *row_size = m.row_size();
   *vocab_size = m.vocab_size();
+  *rows_per_thread = kRowsPerThread;
 }
 
 // Scores `count` rows of row_size() uint32 ids (history oldest first, the
