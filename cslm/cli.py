@@ -352,7 +352,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--history-cache", type=click.IntRange(min=0),
               help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
                    "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "
-                   "the C++ evaluator keeps one per part of a request scored at once). 0: none "
+                   "the C++ evaluator's threads share one). 0: none "
                    "[16384 native, 0 torch].")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")

@@ -28,8 +28,8 @@ from .model import CSLM
 from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
 
 LN10 = math.log(10.0)
-# rows of the C++ evaluator's history cache per part scored at once, as Moses's in-process mode keeps per decoder
-# thread (its `history-cache`, docs/moses-feature.md): 16,384 x the last layer x 4 bytes (16 MB for `small`)
+# rows of the C++ evaluator's history cache, shared by its threads, as many as Moses's in-process mode keeps per
+# decoder thread (its `history-cache`, docs/moses-feature.md): 16,384 x the last layer x 4 bytes (16 MB for `small`)
 NATIVE_HISTORY_SLOTS = 16384
 
 
@@ -183,8 +183,8 @@ class Engine:
         """Who computes self-normalised scores on a CPU; returns the one chosen, "native" or "torch".
 
         * "native": the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time, a
-          call's rows split over torch's threads, a cache of `history_cache` last hidden layers (None:
-          NATIVE_HISTORY_SLOTS) per part;
+          call's rows shared out over as many threads as torch has, which share one cache of `history_cache`
+          last hidden layers (None: NATIVE_HISTORY_SLOTS);
         * "torch": this engine's batched path (`_chunk_self_normalized`), with a `HistoryCache` of
           `history_cache` rows (None: none);
         * "auto": "native" where the library is built, else "torch".

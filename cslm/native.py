@@ -51,9 +51,10 @@ def _library() -> ctypes.CDLL:
 
 
 class NativeModel:
-    """A model directory loaded by the C++ evaluator. A call of many rows splits them over up to `threads`
-    threads (parts of at least 256 rows). Calls may come from several threads at once; each part then has its
-    own working memory and cache of `history_slots` last hidden layers (0: none)."""
+    """A model directory loaded by the C++ evaluator. A call of many rows is scored by the calling thread and
+    up to `threads` - 1 helper threads (one per `rows_per_thread` rows), each taking a few rows at a time as it
+    is free. Calls may come from several threads at once. Every thread has its own working memory; all share
+    one cache of `history_slots` last hidden layers (0: none)."""
 
     def __init__(self, model_dir: str, history_slots: int, threads: int = 1):
         self._handle = None

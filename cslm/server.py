@@ -434,7 +434,7 @@ class Server:
                       "scores": self.engine.scores, "device": str(self.engine.device)}
         d["model"]["evaluator"] = self.evaluator
         hc, native = self.engine.history_cache, self.engine.native
-        if native is not None:  # a cache per part of a call computed at once, each of `history_slots` rows
+        if native is not None:  # one cache of `history_slots` rows, shared by the evaluator's threads
             hits, misses = native.cache_counts()
             d["history_cache"] = {"hits": hits, "misses": misses, "size": None, "capacity": native.history_slots}
         elif hc is not None:

@@ -47,8 +47,8 @@ def test_native_scores_are_the_torch_engines(model_dir):  # noqa: F811
 
 @built
 def test_a_call_split_over_threads_answers_as_one_thread(model_dir):  # noqa: F811
-    """Rows split over threads (parts of at least 256 rows, each with a scratch of its own) give the scores of
-    one thread bit for bit, an error in any part is the call's, and the cache counts every row."""
+    """Rows shared out over threads (one per 256 rows, each with a scratch of its own) give the scores of one
+    thread bit for bit, an error in any row is the call's, and the cache counts every row."""
     out, _, _ = model_dir
     engine = Engine.load(str(out), device="cpu", normalized=False)
     rows = engine.pad(random_ngrams(engine, 2000, 7, seed=9))
@@ -62,6 +62,26 @@ def test_a_call_split_over_threads_answers_as_one_thread(model_dir):  # noqa: F8
     bad[1900, -1] = split.vocab_size  # in the last part
     with pytest.raises(ValueError):
         split.score(bad, normalized=False)
+
+
+@built
+def test_the_threads_of_a_call_share_one_history_cache(model_dir):  # noqa: F811
+    """A history that one thread computed is found by every other: after a call shared out over threads, the
+    same rows scored again from one thread compute no hidden layer (with a cache per thread they would compute
+    those of the rows the other threads took)."""
+    out, _, _ = model_dir
+    engine = Engine.load(str(out), device="cpu", normalized=False)
+    histories = random_ngrams(engine, 100, 7, seed=11)[:, :-1]
+    grams = random_ngrams(engine, 4000, 7, seed=12)
+    grams[:, :-1] = np.repeat(histories, 40, axis=0)  # each history's 40 rows together, in one thread's rows
+    rows = engine.pad(grams)
+    m = native.NativeModel(str(out), 1 << 16, threads=4)
+    first = m.score(rows, normalized=False)
+    hits, misses = m.cache_counts()
+    assert misses >= len(histories)  # each computed at least once (twice where two threads met it at once)
+    m.threads = 1  # one lookup per run of equal rows
+    assert np.array_equal(m.score(rows, normalized=False), first)
+    assert m.cache_counts() == (hits + len(histories), misses)
 
 
 @built

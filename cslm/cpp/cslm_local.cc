@@ -478,8 +478,57 @@ float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
   return top + static_cast<float>(std::log(z));  // ln Z = ln sum_v exp(o_v)
 }
 
+namespace {
+uint64_t HistoryHash(const uint32_t* history, size_t size) {  // FNV-1a over the ids
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t k = 0; k < size; ++k) hash = (hash ^ history[k]) * 1099511628211ull;
+  return hash;
+}
+}  // namespace
+
+SharedHiddenCache::SharedHiddenCache(size_t slots, size_t key_size, size_t hidden_size)
+    : slots_(slots ? slots : 1), key_size_(key_size), hidden_size_(hidden_size),
+      busy_(new std::atomic<bool>[slots ? slots : 1]),
+      keys_(slots_ * key_size, 0xffffffffu),  // no word has this id: every slot empty
+      values_(slots_ * hidden_size) {
+  for (size_t i = 0; i < slots_; ++i) busy_[i].store(false, std::memory_order_relaxed);
+}
+
+size_t SharedHiddenCache::Slot(const uint32_t* key) const {
+  return static_cast<size_t>(HistoryHash(key, key_size_) % slots_);
+}
+
+bool SharedHiddenCache::Find(const uint32_t* key, float* h) {
+  const size_t slot = Slot(key);
+  if (busy_[slot].exchange(true, std::memory_order_acquire)) return false;  // held: a miss, never a wait
+  const uint32_t* k = &keys_[slot * key_size_];
+  const bool found = std::equal(key, key + key_size_, k);
+  if (found) std::memcpy(h, &values_[slot * hidden_size_], hidden_size_ * sizeof(float));
+  busy_[slot].store(false, std::memory_order_release);
+  return found;
+}
+
+void SharedHiddenCache::Store(const uint32_t* key, const float* h) {
+  const size_t slot = Slot(key);
+  if (busy_[slot].exchange(true, std::memory_order_acquire)) return;  // held: left as it is
+  std::copy(key, key + key_size_, &keys_[slot * key_size_]);
+  std::memcpy(&values_[slot * hidden_size_], h, hidden_size_ * sizeof(float));
+  busy_[slot].store(false, std::memory_order_release);
+}
+
 const float* LocalModel::CachedHidden(const uint32_t* history, Scratch* s) const {
   const size_t C = row_size() - 1, H = hidden_size();  // the key: the target history and the source window
+  if (s->shared) {
+    s->h.resize(H);
+    if (s->shared->Find(history, &s->h[0])) {
+      ++s->hits;
+    } else {
+      ++s->misses;
+      Hidden(history, &s->h[0], s);
+      s->shared->Store(history, &s->h[0]);
+    }
+    return &s->h[0];
+  }
   if (s->slots == 0) {
     s->h.resize(H);
     Hidden(history, &s->h[0], s);
@@ -489,9 +538,7 @@ const float* LocalModel::CachedHidden(const uint32_t* history, Scratch* s) const
     s->keys.assign(s->slots * C, 0xffffffffu);  // no word has this id: every slot empty
     s->values.resize(s->slots * H);
   }
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the ids
-  for (size_t k = 0; k < C; ++k) hash = (hash ^ history[k]) * 1099511628211ull;
-  const size_t slot = static_cast<size_t>(hash % s->slots);
+  const size_t slot = static_cast<size_t>(HistoryHash(history, C) % s->slots);
   uint32_t* key = &s->keys[slot * C];
   float* value = &s->values[slot * H];
   if (std::equal(history, history + C, key)) {

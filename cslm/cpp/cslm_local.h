@@ -48,6 +48,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,30 @@ namespace cslm {
 // id order; throws std::runtime_error("FILE: cannot read").
 std::vector<std::string> ReadVocabulary(const std::string& path);
 
+// A cache of last hidden layers by history that several threads share (the
+// evaluator threads of cslm_native.cc, which score one server's requests: a
+// history one thread computed is then found by every other). Direct-mapped;
+// each slot behind a try-lock, so that no thread ever waits for another: a
+// slot another thread holds reads as absent, or is left as it is.
+class SharedHiddenCache {
+ public:
+  // `slots` histories of `key_size` ids, each with a layer of `hidden_size` floats.
+  SharedHiddenCache(size_t slots, size_t key_size, size_t hidden_size);
+  // Copies the layer cached for `key` (key_size ids) into h and returns true;
+  // false where it is absent or another thread holds its slot.
+  bool Find(const uint32_t* key, float* h);
+  // Caches h for `key`, replacing the slot's history (unless another thread holds it).
+  void Store(const uint32_t* key, const float* h);
+  size_t slots() const { return slots_; }
+
+ private:
+  size_t Slot(const uint32_t* key) const;
+  size_t slots_, key_size_, hidden_size_;
+  std::unique_ptr<std::atomic<bool>[]> busy_;  // a slot's lock
+  std::vector<uint32_t> keys_;                 // slots x key_size ids; 0xffffffff: empty
+  std::vector<float> values_;                  // slots x hidden_size
+};
+
 class LocalModel {
  public:
   // Per-thread working memory for Score (grown on demand), and a direct-mapped
@@ -64,13 +90,14 @@ class LocalModel {
   // with many phrases, whose first words share the hypothesis' history, so the
   // hidden layers are computed once and each n-gram costs one output row.
   struct Scratch {
-    explicit Scratch(size_t history_slots = 4096) : slots(history_slots), hits(0), misses(0) {}
+    explicit Scratch(size_t history_slots = 4096) : slots(history_slots), hits(0), misses(0), shared(0) {}
     std::vector<float> a, b, h, val;
     std::vector<uint32_t> idx;
-    size_t slots;                  // 0: no history cache
+    size_t slots;                  // 0: no history cache of its own
     std::vector<uint32_t> keys;    // slots x (row_size-1) ids; keys[slot*(row_size-1)] == kEmpty: unused
     std::vector<float> values;     // slots x hidden_size()
     size_t hits, misses;
+    SharedHiddenCache* shared;     // if set, the history cache used instead of the scratch's own
     // A joint model's source part of the first layer, sum_q S_q[s_q], by window
     // (direct-mapped, kSourceSlots): a sentence has one window per source
     // position, so each is summed about once a sentence, as Devlin et al.
@@ -121,8 +148,8 @@ class LocalModel {
   // The last hidden layer for one history, a row's first row_size()-1 ids (the
   // target history, then the source window), into h (hidden_size() floats).
   void Hidden(const uint32_t* history, float* h, Scratch* scratch) const;
-  // The same through the scratch's history cache: a pointer valid until the
-  // next call with this scratch.
+  // The same through the scratch's history cache (its shared one if set): a
+  // pointer valid until the next call with this scratch.
   const float* CachedHidden(const uint32_t* history, Scratch* scratch) const;
   size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
 

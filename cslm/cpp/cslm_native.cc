@@ -11,14 +11,22 @@
 //   cslm_native_score(m, rows, count, 0, logprobs, 2, err, sizeof err);  // 2 threads; 0, or -1 and err
 //   cslm_native_close(m);
 //
-// A call of many rows splits them over up to `threads` threads (contiguous
-// parts of at least kRowsPerThread rows), the first on the caller's. Calls may
-// come from several threads at once. Each part takes a working memory
-// (LocalModel::Scratch, with its own history cache) from a pool, so a part never
-// waits for another, and the pool holds as many as were ever in use at once.
+// A call of many rows is scored by the caller's thread and up to `threads` - 1
+// helper threads (one per kRowsPerThread rows), kept waiting between calls. They
+// take the rows kChunkRows at a time as each is free, not in fixed shares: on
+// cores the decoder also uses, a thread that gets no core for a while takes
+// fewer rows, and the caller never waits for a helper that has taken none.
+// Calls may come from several threads at once. Every thread has a working
+// memory of its own (LocalModel::Scratch), and all share one cache of last
+// hidden layers (SharedHiddenCache), so that a history one thread computed is
+// found by all.
 #include <string.h>
 
+#include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,22 +36,62 @@
 
 namespace {
 
+// Below this many rows a helper thread costs more than it saves.
+const size_t kRowsPerThread = 256;
+// Rows a thread takes at once: small enough that the caller, once the rows
+// are all taken, waits at most this many for a helper that has some.
+const size_t kChunkRows = 64;
+
+// One cslm_native_score call: its rows, taken kChunkRows at a time.
+struct Call {
+  const uint32_t* rows;
+  size_t count;
+  unsigned width;
+  bool normalized;
+  float* logprobs;
+  size_t chunk;              // rows a thread takes at once: kChunkRows, or all of them with no helper
+  std::atomic<size_t> next;  // the first row no thread has taken
+  std::atomic<size_t> done;  // rows scored (or failed)
+  std::mutex mutex;
+  std::condition_variable finished;
+  std::string error;  // the first part's error
+};
+
 struct Native {
-  Native(const char* dir, size_t slots) : model(dir), history_slots(slots) {}
+  Native(const char* dir, size_t slots)
+      : model(dir), cache(slots ? new cslm::SharedHiddenCache(slots, model.row_size() - 1, model.hidden_size()) : 0),
+        stopping(false), hits(0), misses(0) {}
   ~Native() {
-    for (size_t i = 0; i < all.size(); ++i) delete all[i];
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    wake.notify_all();
+    for (size_t i = 0; i < helpers.size(); ++i) helpers[i].join();
+    for (size_t i = 0; i < scratches.size(); ++i) delete scratches[i];
   }
   cslm::LocalModel model;
-  size_t history_slots;
-  std::mutex mutex;
-  std::vector<cslm::LocalModel::Scratch*> all, idle;  // every scratch, and those no call holds
-  size_t hits = 0, misses = 0;  // the history caches' lookups, counted as each part gives its scratch back
+  std::unique_ptr<cslm::SharedHiddenCache> cache;  // 0: no history cache
 
+  std::mutex mutex;  // guards what follows
+  std::vector<cslm::LocalModel::Scratch*> scratches, idle;  // every caller's scratch, and those no call holds
+  std::vector<std::thread> helpers;
+  std::deque<std::shared_ptr<Call> > waiting;  // one entry per helper a call asked for
+  std::condition_variable wake;
+  bool stopping;
+
+  std::atomic<size_t> hits, misses;  // the history cache's lookups, counted as each chunk is done
+
+  cslm::LocalModel::Scratch* NewScratch() {
+    cslm::LocalModel::Scratch* s = new cslm::LocalModel::Scratch(0);
+    s->shared = cache.get();
+    return s;
+  }
   cslm::LocalModel::Scratch* Take() {
     std::lock_guard<std::mutex> lock(mutex);
     if (idle.empty()) {
-      all.push_back(new cslm::LocalModel::Scratch(history_slots));
-      return all.back();
+      scratches.push_back(NewScratch());
+      return scratches.back();
     }
     cslm::LocalModel::Scratch* s = idle.back();
     idle.pop_back();
@@ -51,28 +99,67 @@ struct Native {
   }
   void Give(cslm::LocalModel::Scratch* s) {
     std::lock_guard<std::mutex> lock(mutex);
-    hits += s->hits;
-    misses += s->misses;
-    s->hits = s->misses = 0;
     idle.push_back(s);
   }
-};
 
-// Below this many rows a part's thread costs more than it saves.
-const size_t kRowsPerThread = 256;
-
-// Scores one part with a scratch of the pool; "" or what went wrong.
-std::string ScorePart(Native* n, const uint32_t* rows, size_t count, bool normalized, float* logprobs) {
-  cslm::LocalModel::Scratch* s = n->Take();
-  std::string error;
-  try {
-    if (count) n->model.Score(rows, count, normalized, logprobs, s);
-  } catch (const std::exception& e) {
-    error = e.what();
+  // Scores chunks of `call` until none is left untaken.
+  void Work(Call* call, cslm::LocalModel::Scratch* s) {
+    size_t begin;
+    while ((begin = call->next.fetch_add(call->chunk)) < call->count) {
+      const size_t end = begin + call->chunk < call->count ? begin + call->chunk : call->count;
+      try {
+        model.Score(call->rows + begin * call->width, end - begin, call->normalized, call->logprobs + begin, s);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(call->mutex);
+        if (call->error.empty()) call->error = e.what();
+      }
+      hits += s->hits;
+      misses += s->misses;
+      s->hits = s->misses = 0;
+      if (call->done.fetch_add(end - begin) + (end - begin) == call->count) {
+        std::lock_guard<std::mutex> lock(call->mutex);
+        call->finished.notify_all();
+      }
+    }
   }
-  n->Give(s);
-  return error;
-}
+
+  // A helper thread: waits for a call that asked for one, and helps with it.
+  void Help() {
+    std::unique_ptr<cslm::LocalModel::Scratch> s(NewScratch());
+    for (;;) {
+      std::shared_ptr<Call> call;  // kept alive while this thread holds it, whenever its caller returns
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        while (!stopping && waiting.empty()) wake.wait(lock);
+        if (stopping) return;
+        call = waiting.front();
+        waiting.pop_front();
+      }
+      Work(call.get(), s.get());
+    }
+  }
+
+  // Asks for `wanted` helpers for `call`, starting threads as needed; returns how many were asked.
+  size_t Ask(const std::shared_ptr<Call>& call, size_t wanted) {
+    std::lock_guard<std::mutex> lock(mutex);
+    while (helpers.size() < wanted) {
+      try {
+        helpers.push_back(std::thread(&Native::Help, this));
+      } catch (const std::exception&) {  // no thread to be had: fewer helpers
+        wanted = helpers.size();
+      }
+    }
+    for (size_t k = 0; k < wanted; ++k) waiting.push_back(call);
+    return wanted;
+  }
+
+  // Takes back the requests for help no helper has picked up yet.
+  void Withdraw(const std::shared_ptr<Call>& call) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::deque<std::shared_ptr<Call> >::iterator it = waiting.begin(); it != waiting.end();)
+      it = *it == call ? waiting.erase(it) : it + 1;
+  }
+};
 
 void Say(const char* what, char* err, size_t size) {
   if (!err || !size) return;
@@ -84,8 +171,9 @@ void Say(const char* what, char* err, size_t size) {
 
 extern "C" {
 
-// Loads MODEL_DIR; `history_slots` rows of hidden-layer cache per part scored
-// at once (0: none). Returns a handle, or 0 with the reason ("FILE: reason") in err.
+// Loads MODEL_DIR; `history_slots` rows of hidden-layer cache, shared by the
+// threads that score (0: none). Returns a handle, or 0 with the reason
+// ("FILE: reason") in err.
 void* cslm_native_open(const char* model_dir, size_t history_slots, char* err, size_t err_size) {
   try {
     return new Native(model_dir, history_slots);
@@ -113,30 +201,30 @@ void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size, siz
 int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int normalized, float* logprobs,
                       unsigned threads, char* err, size_t err_size) {
   Native* n = static_cast<Native*>(handle);
-  const unsigned width = n->model.row_size();
-  size_t parts = count / kRowsPerThread;
-  if (parts > threads) parts = threads;
-  if (parts < 1) parts = 1;
-  const size_t per = (count + parts - 1) / parts;
-  std::vector<std::string> errors(parts);
-  std::vector<std::thread> helpers;
-  for (size_t k = 1; k < parts; ++k) {
-    const size_t begin = k * per, end = begin + per < count ? begin + per : count;
-    try {
-      helpers.push_back(std::thread([=, &errors]() {
-        errors[k] = ScorePart(n, rows + begin * width, end - begin, normalized != 0, logprobs + begin);
-      }));
-    } catch (const std::exception&) {  // no thread to be had: this part on the caller's
-      errors[k] = ScorePart(n, rows + begin * width, end - begin, normalized != 0, logprobs + begin);
-    }
+  std::shared_ptr<Call> call(new Call);
+  call->rows = rows;
+  call->count = count;
+  call->width = n->model.row_size();
+  call->normalized = normalized != 0;
+  call->logprobs = logprobs;
+  call->next = 0;
+  call->done = 0;
+  size_t wanted = count / kRowsPerThread;  // threads in all, the caller's among them
+  if (wanted > threads) wanted = threads;
+  call->chunk = wanted > 1 ? kChunkRows : count;
+  const size_t asked = wanted > 1 ? n->Ask(call, wanted - 1) : 0;
+  for (size_t k = 0; k < asked; ++k) n->wake.notify_one();
+  cslm::LocalModel::Scratch* s = n->Take();
+  n->Work(call.get(), s);
+  n->Give(s);
+  if (asked) {
+    n->Withdraw(call);
+    std::unique_lock<std::mutex> lock(call->mutex);  // a helper may still score a chunk it took
+    while (call->done.load() < count) call->finished.wait(lock);
   }
-  errors[0] = ScorePart(n, rows, per < count ? per : count, normalized != 0, logprobs);
-  for (size_t i = 0; i < helpers.size(); ++i) helpers[i].join();
-  for (size_t k = 0; k < parts; ++k) {
-    if (!errors[k].empty()) {
-      Say(errors[k].c_str(), err, err_size);
-      return -1;
-    }
+  if (!call->error.empty()) {
+    Say(call->error.c_str(), err, err_size);
+    return -1;
   }
   return 0;
 }
@@ -144,9 +232,8 @@ int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int norm
 // Hidden-layer cache lookups of the calls returned so far: found and computed.
 void cslm_native_cache_counts(void* handle, size_t* hits, size_t* misses) {
   Native* n = static_cast<Native*>(handle);
-  std::lock_guard<std::mutex> lock(n->mutex);
-  *hits = n->hits;
-  *misses = n->misses;
+  *hits = n->hits.load();
+  *misses = n->misses.load();
 }
 
 void cslm_native_close(void* handle) { delete static_cast<Native*>(handle); }
