@@ -487,8 +487,7 @@ uint64_t HistoryHash(const uint32_t* history, size_t size) {  // FNV-1a over the
 }  // namespace
 
 SharedHiddenCache::SharedHiddenCache(size_t slots, size_t key_size, size_t hidden_size)
-    : slots_(slots ? slots : 1), key_size_(key_size), hidden_size_(hidden_size),
-      busy_(new std::atomic<bool>[slots ? slots : 1]),
+    : slots_(slots), key_size_(key_size), hidden_size_(hidden_size), busy_(new std::atomic<bool>[slots]),
       keys_(slots_ * key_size, 0xffffffffu),  // no word has this id: every slot empty
       values_(slots_ * hidden_size) {
   for (size_t i = 0; i < slots_; ++i) busy_[i].store(false, std::memory_order_relaxed);

@@ -66,14 +66,13 @@ std::vector<std::string> ReadVocabulary(const std::string& path);
 // slot another thread holds reads as absent, or is left as it is.
 class SharedHiddenCache {
  public:
-  // `slots` histories of `key_size` ids, each with a layer of `hidden_size` floats.
+  // `slots` (at least 1) histories of `key_size` ids, each with a layer of `hidden_size` floats.
   SharedHiddenCache(size_t slots, size_t key_size, size_t hidden_size);
   // Copies the layer cached for `key` (key_size ids) into h and returns true;
   // false where it is absent or another thread holds its slot.
   bool Find(const uint32_t* key, float* h);
   // Caches h for `key`, replacing the slot's history (unless another thread holds it).
   void Store(const uint32_t* key, const float* h);
-  size_t slots() const { return slots_; }
 
  private:
   size_t Slot(const uint32_t* key) const;

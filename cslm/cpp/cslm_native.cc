@@ -54,7 +54,7 @@ struct Call {
   std::atomic<size_t> done;  // rows scored (or failed)
   std::mutex mutex;
   std::condition_variable finished;
-  std::string error;  // the first part's error
+  std::string error;  // the first error a chunk met
 };
 
 struct Native {
