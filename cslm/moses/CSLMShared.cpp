@@ -50,16 +50,15 @@ void CSLMFatal(const std::string& who, const std::string& message) {
   _exit(1);
 }
 
+const uint32_t FactorIds::kUnset;
+
 uint32_t FactorIds::Id(const Factor* factor) {
-  boost::unordered_map<const Factor*, uint32_t>::const_iterator it = memo_.find(factor);
-  if (it != memo_.end()) return it->second;
-  uint32_t id = unk_;
-  if (factor) {
-    boost::unordered_map<std::string, uint32_t>::const_iterator v = vocab_.find(factor->GetString().as_string());
-    if (v != vocab_.end()) id = v->second;
-  }
-  memo_[factor] = id;
-  return id;
+  if (!factor) return unk_;
+  const size_t key = factor->GetId();
+  if (key < memo_.size() && memo_[key] != kUnset) return memo_[key];
+  if (key >= memo_.size()) memo_.resize(key + 1, kUnset);
+  boost::unordered_map<std::string, uint32_t>::const_iterator v = vocab_.find(factor->GetString().as_string());
+  return memo_[key] = v != vocab_.end() ? v->second : unk_;
 }
 
 void FactorIds::Phrase(const Moses::Phrase& phrase, FactorType factor_type, std::vector<uint32_t>* ids) {

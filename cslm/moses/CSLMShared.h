@@ -48,7 +48,9 @@ struct CSLMOptions {
 void CSLMFatal(const std::string& who, const std::string& message);
 
 // One thread's map from Moses words to a model's ids, each word looked up in the
-// vocabulary once (by its factor's address, as Moses's own LMs do).
+// vocabulary once: a flat vector indexed by the factor's id in Moses's
+// FactorCollection, as moses/LM/Ken.cpp maps words for KenLM, grown as new
+// factors (words of the input that no table holds) come.
 class FactorIds {
  public:
   FactorIds(const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk) : vocab_(vocab), unk_(unk) {}
@@ -60,7 +62,8 @@ class FactorIds {
  private:
   const boost::unordered_map<std::string, uint32_t>& vocab_;
   uint32_t unk_;
-  boost::unordered_map<const Factor*, uint32_t> memo_;
+  std::vector<uint32_t> memo_;  // by Factor::GetId(); kUnset: not looked up yet
+  static const uint32_t kUnset = 0xffffffffu;
 };
 
 // A phrase's scores from the log-probabilities `lp` of its n-grams as cslm_ngrams.h lists them: the first
