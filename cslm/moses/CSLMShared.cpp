@@ -55,10 +55,13 @@ const uint32_t FactorIds::kUnset;
 uint32_t FactorIds::Id(const Factor* factor) {
   if (!factor) return unk_;
   const size_t key = factor->GetId();
-  if (key < memo_.size() && memo_[key] != kUnset) return memo_[key];
   if (key >= memo_.size()) memo_.resize(key + 1, kUnset);
-  boost::unordered_map<std::string, uint32_t>::const_iterator v = vocab_.find(factor->GetString().as_string());
-  return memo_[key] = v != vocab_.end() ? v->second : unk_;
+  uint32_t& id = memo_[key];
+  if (id == kUnset) {
+    boost::unordered_map<std::string, uint32_t>::const_iterator v = vocab_.find(factor->GetString().as_string());
+    id = v != vocab_.end() ? v->second : unk_;
+  }
+  return id;
 }
 
 void FactorIds::Phrase(const Moses::Phrase& phrase, FactorType factor_type, std::vector<uint32_t>* ids) {
