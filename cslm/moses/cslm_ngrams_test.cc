@@ -100,6 +100,26 @@ int main() {
   CHECK(cache.size() == 1);
   cache.make_room(2);  // two more do not: emptied, so both will stay
   CHECK(cache.size() == 0);
+  CHECK(!cache.find(g3, 3, &lp, &fl));
+  cache.insert(g3, 3, -4.0f, 2);  // an emptied cache takes entries afresh
+  CHECK(cache.find(g3, 3, &lp, &fl) && lp == -4.0f && fl == 2 && cache.size() == 1);
+  cache.insert(g3, 3, -4.5f, 3);  // again: the value replaced, no second entry
+  CHECK(cache.find(g3, 3, &lp, &fl) && lp == -4.5f && fl == 3 && cache.size() == 1);
+  {
+    // many entries, colliding in a small table: each found with its own value
+    cslm::NgramCache many(1000);
+    for (uint32_t i = 0; i < 1000; ++i) {
+      const uint32_t g[] = {i, i * 7, 5};
+      many.insert(g, 3, -static_cast<float>(i), static_cast<uint8_t>(i & 0xff));
+    }
+    bool all = many.size() == 1000;
+    for (uint32_t i = 0; i < 1000; ++i) {
+      const uint32_t g[] = {i, i * 7, 5}, h[] = {i, i * 7, 6};
+      all = all && many.find(g, 3, &lp, &fl) && lp == -static_cast<float>(i) && fl == (i & 0xff) &&
+            !many.find(h, 3, &lp, &fl);
+    }
+    CHECK(all);
+  }
 
   // cube pruning's corner: (x+i, y+j) with (i+1)(j+1) <= corner, inside the cube, (x, y) first
   std::vector<std::pair<size_t, size_t> > cells;
