@@ -18,7 +18,7 @@ import torch
 
 from mtcommon.errors import UserError
 from mtcommon.finite import check_finite
-from mtcommon.runtime import resolve_device
+from mtcommon.runtime import download, resolve_device, upload
 from mtcommon.vocab import BOS, EOS, Vocabulary
 
 from . import modeldir
@@ -121,20 +121,22 @@ class HistoryCache:
         if not len(miss):
             return self.values[self._index(slot)]
         h = compute(np.ascontiguousarray(histories[miss]))[: len(miss)]
-        if len(miss) < len(ids):
+        found = np.flatnonzero(hit)
+        rows, first = np.unique(slot[miss], return_index=True)  # one history per row
+        found_at, found_slot, miss_at, rows_at, first_at = upload([found, slot[found], miss, rows, first],
+                                                                  self.values.device)
+        if len(found):
             out = torch.empty((len(ids), self.values.shape[1]), dtype=torch.float32, device=self.values.device)
-            found = np.flatnonzero(hit)
-            out[self._index(found)] = self.values[self._index(slot[found])]  # read before the rows change
-            out[self._index(miss)] = h
+            out[found_at] = self.values[found_slot]  # read before the rows change
+            out[miss_at] = h
         else:
             out = h
-        rows, first = np.unique(slot[miss], return_index=True)  # one history per row
         self.keys[rows] = ids[miss[first]]
-        self.values[self._index(rows)] = h[self._index(first)]
+        self.values[rows_at] = h[first_at]
         return out
 
     def _index(self, positions: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)).to(self.values.device)
+        return upload([positions], self.values.device)[0]
 
 
 class Engine:
@@ -320,54 +322,58 @@ class Engine:
 
     @torch.no_grad()
     def _run_chunks(self, ngrams: np.ndarray, chunk_fn, width: int) -> np.ndarray:
+        """`_run` without its check. Each chunk_fn(histories, local, targets, width) -> (len(local), width) tensor
+        on the device; the chunks' results stay there until the call's one copy back (`download`): on a GPU the
+        host prepares the next chunk while the last one computes."""
         n = len(ngrams)
-        res = np.empty((n, width), np.float32)
         if n == 0:
-            return res
+            return np.empty((0, width), np.float32)
         ctx = np.ascontiguousarray(ngrams[:, :-1])
-        targets = torch.from_numpy(ngrams[:, -1].astype(np.int64))
+        targets = ngrams[:, -1].astype(np.int64)
         if n <= self.min_rows:  # a decoder's typical request: one padded chunk either way, no de-duplication
-            res[:] = chunk_fn(ctx, torch.arange(n), targets, width)
-            return res
+            return download(chunk_fn(ctx, np.arange(n), targets, width))
         # Distinct histories: view each row's n-1 ids as one opaque value and sort.
         keys = ctx.view(np.dtype((np.void, ctx.dtype.itemsize * ctx.shape[1]))).ravel()
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         uniq = ctx[first]  # (U, n-1), in key order; inverse maps n-gram -> its history
         order = np.argsort(inverse, kind="stable")  # n-grams grouped by history
         bounds = np.searchsorted(inverse[order], np.arange(0, len(uniq) + self.chunk, self.chunk))
-        inv = torch.from_numpy(inverse.astype(np.int64))
+        inverse = inverse.astype(np.int64).reshape(-1)
+        res = torch.empty((n, width), dtype=torch.float32, device=self.device)
         for c, start in enumerate(range(0, len(uniq), self.chunk)):
-            sel = torch.from_numpy(order[bounds[c] : bounds[c + 1]])
-            res[sel.numpy()] = chunk_fn(uniq[start : start + self.chunk], inv[sel] - start, targets[sel], width)
-        return res
+            sel = order[bounds[c] : bounds[c + 1]]
+            res[upload([sel], self.device)[0]] = chunk_fn(uniq[start : start + self.chunk], inverse[sel] - start,
+                                                           targets[sel], width)
+        return download(res)
 
     def _padded(self, rows: np.ndarray) -> torch.Tensor:
         """Histories as a tensor, padded to at least min_rows rows, so that the CPU kernels sum in the same
         order whatever the batch (docs/cslm.md, "Library": results are then batch-independent)."""
         if len(rows) < self.min_rows:
             rows = np.concatenate([rows, np.repeat(rows[:1], self.min_rows - len(rows), axis=0)])
-        return torch.from_numpy(rows.astype(np.int64)).to(self.device)
+        return upload([rows], self.device)[0]
 
-    def _chunk(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor, width: int = 1) -> np.ndarray:
-        """ln P(targets[i] | rows[local[i]]) (and ln Z, width 2) for one chunk of (n-1)-word histories."""
+    def _chunk(self, rows: np.ndarray, local: np.ndarray, targets: np.ndarray, width: int = 1) -> torch.Tensor:
+        """ln P(targets[i] | rows[local[i]]) (and ln Z, width 2) for one chunk of (n-1)-word histories, on the
+        device."""
         m = len(rows)
         logits = self.model(self._padded(rows)).float()  # (C, V) activations o
         log_z = torch.logsumexp(logits[:m], dim=1)  # ln sum_r exp(o_r), Eq. (2)'s normaliser; padding rows skipped
-        local = local.to(self.device)
-        logp = logits[local, targets.to(self.device)] - log_z[local]  # o_w - ln Z
-        out = logp[:, None] if width == 1 else torch.stack([logp, log_z[local]], dim=1)
-        return out.cpu().numpy()
+        local, targets = upload([local, targets], self.device)
+        logp = logits[local, targets] - log_z[local]  # o_w - ln Z
+        return logp[:, None] if width == 1 else torch.stack([logp, log_z[local]], dim=1)
 
-    def _chunk_self_normalized(self, rows: np.ndarray, local: torch.Tensor, targets: torch.Tensor,
-                               width: int = 1) -> np.ndarray:
-        """o_w = out.weight[w] . h + out.bias[w] for one chunk: premultiplied first layer, one output row each."""
+    def _chunk_self_normalized(self, rows: np.ndarray, local: np.ndarray, targets: np.ndarray,
+                               width: int = 1) -> torch.Tensor:
+        """o_w = out.weight[w] . h + out.bias[w] for one chunk, on the device: premultiplied first layer, one
+        output row each."""
         def features(histories: np.ndarray) -> torch.Tensor:  # (C, H) float32, C >= len(histories)
             return self.model.features_from_tables(self.tables, self._padded(histories))
 
         cache = self.history_cache
         h = features(rows) if cache is None else cache.features(rows, features)
-        o = self.model.output_rows(h[local.to(self.device)], targets.to(self.device))
-        return o[:, None].cpu().numpy()
+        local, targets = upload([local, targets], self.device)
+        return self.model.output_rows(h[local], targets)[:, None]
 
     # -- word strings -------------------------------------------------------
     def score_words(self, ngrams: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:

@@ -18,6 +18,9 @@ engine and server, the benchmarks):
   where native, elsewhere float32.
 - `Distributed` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and
   starts the process group: gloo on CPU, NCCL on GPU.
+- `upload` and `download` move a call's arrays to the device and its result
+  back: on a GPU through pinned memory, queued without waiting, so that a
+  call waits for the GPU once, for its result.
 - `exit_with_parent` makes a helper process (a scoring worker) die with the
   process that started it, however that one ends (kill -9 included).
 """
@@ -34,8 +37,9 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from .errors import UserError
@@ -62,6 +66,40 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
         raise UserError(f"--device {name} asked for, but torch sees {torch.cuda.device_count()} CUDA device(s)")
     return dev
+
+
+def upload(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Host integer arrays as int64 tensors on `device`, views of one transfer. On CUDA the copy is staged in
+    pinned memory and queued without waiting: a copy from pageable memory first waits for every kernel already
+    launched, so that the host could not prepare the next step while the GPU computes. On the CPU no copy is
+    made of a single int64 array."""
+    if len(arrays) == 1:
+        flat = np.ascontiguousarray(arrays[0], np.int64).reshape(-1)
+    else:
+        flat = np.concatenate([np.asarray(a, np.int64).reshape(-1) for a in arrays])
+    t = torch.from_numpy(flat)
+    if device.type == "cuda":
+        t = t.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        t = t.to(device)
+    views, at = [], 0
+    for a in arrays:
+        size = int(np.prod(np.shape(a), dtype=np.int64))
+        views.append(t[at : at + size].view(np.shape(a)))
+        at += size
+    return views
+
+
+def download(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values on the host, as a numpy array. From CUDA through pinned memory, after the one wait for
+    the work queued before it; on the CPU without a copy."""
+    t = t.detach()
+    if t.device.type == "cuda":
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return host.numpy()
+    return t.cpu().numpy()
 
 
 def cpu_count() -> int:

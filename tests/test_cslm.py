@@ -491,6 +491,30 @@ def test_cpu_threads_follow_the_model_size(monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_a_calls_arrays_go_to_the_device_in_one_transfer_and_come_back(device):
+    """`upload`: int64 views of one transfer, whatever the arrays' integer types and shapes (an empty one
+    included); on the CPU a single int64 array is not copied. `download`: the values back as numpy."""
+    from mtcommon.runtime import download, upload
+
+    dev = torch.device(device)
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.array([7, -1, 5], dtype=np.int64)
+    c = np.empty(0, dtype=np.intp)
+    got = upload([a, b, c], dev)
+    assert [t.shape for t in got] == [(3, 4), (3,), (0,)] and all(t.dtype == torch.int64 for t in got)
+    assert all(t.device.type == device for t in got)
+    assert np.array_equal(download(got[0]), a) and np.array_equal(download(got[1]), b) and download(got[2]).size == 0
+    (alone,) = upload([b], dev)
+    assert np.array_equal(download(alone * 2), b * 2)
+    if device == "cpu":
+        assert np.shares_memory(alone.numpy(), b)
+    values = np.array([-1.0, -0.5, 0.0, 0.25, 1.0], dtype=np.float32)
+    back = download(torch.from_numpy(values).to(dev))
+    assert isinstance(back, np.ndarray) and back.dtype == np.float32 and np.array_equal(back, values)
+
+
 def test_omp_num_threads_sets_the_default(monkeypatch):
     """OMP_NUM_THREADS, which a scheduler or make recipe sets for every OpenMP program, is the default
     count for inference and training alike; --threads still wins; under torchrun (which sets it to 1

@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from mtcommon.runtime import amp_dtype, autocast, dtype_name, probe_dtype, resolve_device
+from mtcommon.runtime import amp_dtype, autocast, download, dtype_name, probe_dtype, resolve_device, upload
 
 from ..formats.phrasetable import phrase_key
 from ..networks.modelbase import log_normalizer_
@@ -180,7 +180,7 @@ class PhraseScorer:
         fields = ("rows", "tokens", "pairs", "pair_node", "words")
         arrays = plan.encoder + [getattr(level, f) for level in plan.levels for f in fields]
         arrays += [level.parent for level in plan.levels if level.parent is not None]
-        on_device = iter(self._upload_all(arrays))
+        on_device = iter(upload(arrays, self.device))
         encoder = [next(on_device) for _ in plan.encoder]
         levels = [dict(zip(fields, (next(on_device) for _ in fields))) for _ in plan.levels]
         parents = list(on_device)
@@ -188,18 +188,6 @@ class PhraseScorer:
             contexts = [self.model.context(src, torch.ones_like(src, dtype=torch.bool)) for src in encoder]
             ctx = type(contexts[0]).cat(contexts)  # row r: the r-th distinct source in encoder order
             return self._decode_prefix_tree(ctx, plan, levels, parents)
-
-    def _upload_all(self, arrays: list[np.ndarray]) -> list[torch.Tensor]:
-        """Host int64 arrays on the scoring device, as views of one transfer: on CUDA from pinned memory and
-        asynchronous (the copy queues behind the kernels already launched instead of waiting for them)."""
-        flat = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
-        if self.device.type == "cuda":
-            flat = flat.pin_memory().to(self.device, non_blocking=True)
-        views, at = [], 0
-        for a in arrays:
-            views.append(flat[at : at + a.size].view(a.shape))
-            at += a.size
-        return views
 
     def _decode_prefix_tree(self, ctx, plan: ScoringPlan, levels: list[dict], parents: list[torch.Tensor]) -> np.ndarray:
         """Sum of log p(y_t | y_<t, source) for each pair of `plan`, its prefix tree's nodes computed level by
@@ -222,4 +210,4 @@ class PhraseScorer:
                 out.index_add_(0, level["pairs"][p:q], (picked - log_normalizer_(logits)[local]).double())
             if host.parent is not None:
                 state = torch.cat(states)[parents[t]]
-        return out.cpu().numpy()
+        return download(out)
