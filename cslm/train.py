@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from mtcommon.errors import UserError
-from mtcommon.runtime import is_big
+from mtcommon.runtime import is_big, upload
 from mtcommon.trainer import Schedule, Trainer, adam, apply_recipe, lr_factor
 from mtcommon.vocab import BOS, EOS
 
@@ -288,14 +288,16 @@ class NgramTrainer(Trainer):
             self._stream = stream_batches(self.data, self.vocab, self.info.heldout_lines, self.model_cfg.order,
                                           cfg.batch_size, cfg.seed, step, side=self.side)
         b = next(self._stream)
-        mine = torch.from_numpy(b[self.dist.rank :: self.dist.world].astype(np.int64)).to(self.device)
+        mine = b[self.dist.rank :: self.dist.world]
         if self.noise_q is None:
+            (mine,) = upload([mine], self.device)  # on a GPU without waiting for the step before
             return (mine[:, :-1], mine[:, -1]), len(b)
         # the update's noise words: a function of (seed, step), the same on every rank, so a resumed run
         # draws what the interrupted one would have
         rng = np.random.default_rng([self.cfg.seed, step, 0x4E4345])
-        noise = torch.from_numpy(rng.choice(len(self.noise_q), size=self.cfg.noise_samples, p=self.noise_q))
-        return (mine[:, :-1], mine[:, -1], noise.to(self.device)), len(b)
+        mine, noise = upload([mine, rng.choice(len(self.noise_q), size=self.cfg.noise_samples, p=self.noise_q)],
+                             self.device)
+        return (mine[:, :-1], mine[:, -1], noise), len(b)
 
     def heldout(self, model) -> tuple[float, int]:
         return heldout_nll(model, self.valid[self.dist.rank :: self.dist.world], self.device)

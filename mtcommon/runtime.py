@@ -68,15 +68,15 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def upload(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """Host integer arrays as int64 tensors on `device`, views of one transfer. On CUDA the copy is staged in
-    pinned memory and queued without waiting: a copy from pageable memory first waits for every kernel already
-    launched, so that the host could not prepare the next step while the GPU computes. On the CPU no copy is
-    made of a single int64 array."""
+def upload(arrays: Sequence[np.ndarray], device: torch.device, dtype=np.int64) -> list[torch.Tensor]:
+    """Host arrays as tensors of `dtype` (int64: ids and positions) on `device`, views of one transfer. On
+    CUDA the copy is staged in pinned memory and queued without waiting: a copy from pageable memory first
+    waits for every kernel already launched, so that the host could not prepare the next step while the GPU
+    computes. On the CPU no copy is made of a single array of `dtype`."""
     if len(arrays) == 1:
-        flat = np.ascontiguousarray(arrays[0], np.int64).reshape(-1)
+        flat = np.ascontiguousarray(arrays[0], dtype).reshape(-1)
     else:
-        flat = np.concatenate([np.asarray(a, np.int64).reshape(-1) for a in arrays])
+        flat = np.concatenate([np.asarray(a, dtype).reshape(-1) for a in arrays])
     t = torch.from_numpy(flat)
     if device.type == "cuda":
         t = t.pin_memory().to(device, non_blocking=True)

@@ -331,6 +331,21 @@ class Trainer(ABC):
                    disable=not (self.progress and dist.is_main))
         ppl, loss_ema, evaluated_at, stopped = math.nan, None, None, schedule.limit
         trace: list[float] = []
+        pending: torch.Tensor | None = None  # the last step's loss, not read yet
+
+        def settle() -> None:
+            """Read the last step's loss into the trace and the running mean. Called once the next step is
+            queued, so that on a GPU the host never waits for one step before queuing the next (reading a
+            value waits for every kernel before it); the bar's loss lags one step."""
+            nonlocal pending, loss_ema
+            if pending is None:
+                return
+            value, pending = pending.item(), None
+            if dist.enabled:
+                value = dist.all_sum([value], self.device)[0] / dist.world
+            if self.trace:
+                trace.append(value)
+            loss_ema = value if loss_ema is None else 0.98 * loss_ema + 0.02 * value
         while schedule.max_steps is None or loop.step < schedule.max_steps:
             if schedule.patience is not None and loop.since_best >= schedule.patience:
                 stopped = "patience"
@@ -358,24 +373,22 @@ class Trainer(ABC):
                 if clip:
                     torch.nn.utils.clip_grad_norm_(params, clip)
                 optimizer.step()
-                value = loss.item()
+                settle()  # the step before's loss, this step queued
+                pending = loss.detach()
             tuner.after_step(time.perf_counter() - t0)
-            if dist.enabled:
-                value = dist.all_sum([value], self.device)[0] / dist.world
-            if self.trace:
-                trace.append(value)
             loop.step += 1
             loop.examples_seen += rows
-            loss_ema = value if loss_ema is None else 0.98 * loss_ema + 0.02 * value
             if loop.step % schedule.eval_every == 0 or loop.step == schedule.max_steps:
+                settle()
                 ppl, evaluated_at = self.evaluate(model), loop.step
                 record(ppl)
                 loop.train_seconds, loop.wall_seconds = watch.seconds, wall()
                 checkpoint(ppl)
             rate = (loop.examples_seen - run_start_seen) / max(watch.seconds - run_start_seconds, 1e-9)
-            bar.set_postfix(loss=f"{loss_ema:.3f}", valid_ppl=f"{ppl:.2f}", **{f"{self.unit}_s": f"{rate:.0f}"},
-                            refresh=False)
+            bar.set_postfix(loss="-" if loss_ema is None else f"{loss_ema:.3f}", valid_ppl=f"{ppl:.2f}",
+                            **{f"{self.unit}_s": f"{rate:.0f}"}, refresh=False)
             bar.update(1)
+        settle()
         bar.close()
         loop.train_seconds, loop.wall_seconds = watch.seconds, wall()
         if evaluated_at != loop.step and stopped != "patience":  # stopped by the clock, or nothing to do

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from mtcommon.errors import UserError
-from mtcommon.runtime import is_big
+from mtcommon.runtime import is_big, upload
 from mtcommon.trainer import Schedule, Trainer, adam, apply_recipe, lr_factor
 from mtcommon.subword import SubwordVocabulary
 from mtcommon.textio import iter_lines
@@ -123,12 +123,11 @@ class PairCorpus:
         return out, mask
 
     def batch(self, index: np.ndarray, device: torch.device):
-        """Right-padded (src, src_mask, tgt, tgt_mask) tensors for the given pairs."""
-        out = []
-        for side in ("src", "tgt"):
-            ids, mask = self.padded(index, side)
-            out += [torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)]
-        return tuple(out)
+        """Right-padded (src, src_mask, tgt, tgt_mask) tensors for the given pairs, in one transfer
+        (`runtime.upload`: on a GPU without waiting for the step before)."""
+        (src, src_mask), (tgt, tgt_mask) = self.padded(index, "src"), self.padded(index, "tgt")
+        src, src_mask, tgt, tgt_mask = upload([src, src_mask, tgt, tgt_mask], device)
+        return src, src_mask.bool(), tgt, tgt_mask.bool()
 
 
 def read_unique_pairs(path: str) -> tuple[list[str], list[str]]:
@@ -376,14 +375,17 @@ class PairTrainer(Trainer):
     def batch(self, step: int):
         cfg, corpus = self.cfg, self.corpus
         index = self.order(step)
-        args = corpus.batch(index[self.dist.rank :: self.dist.world], self.device)
+        mine = index[self.dist.rank :: self.dist.world]
+        args = corpus.batch(mine, self.device)
         if cfg.sampled_softmax:
             ids, mask = corpus.padded(index, "tgt")  # the global batch's target words, without a per-pair loop
             targets = ids[mask]
             cand, log_q = sampled_candidates(targets, self.model_cfg.tgt_vocab, cfg.sampled_softmax, cfg.seed, step)
-            position = np.searchsorted(cand, args[2].cpu().numpy())  # pads (id 0) map anywhere: masked out
+            position = np.searchsorted(cand, corpus.padded(mine, "tgt")[0])  # pads (id 0) map anywhere: masked out
             position = np.minimum(position, len(cand) - 1)
-            args = (*args, *(torch.from_numpy(a).to(self.device) for a in (cand, log_q, position)))
+            cand, position = upload([cand, position], self.device)
+            (log_q,) = upload([log_q], self.device, np.float32)
+            args = (*args, cand, log_q, position)
         return args, len(index)
 
     def heldout(self, model) -> tuple[float, int]:
