@@ -205,8 +205,10 @@ void CSLM::Load(AllOptions::ptr const& opts) {
   UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
   UTIL_THROW_IF2(!(m_predict >= 0 && m_predict <= 1000), who << ": predict= must be within 0..1000 (times the pop limit)");
   UTIL_THROW_IF2(m_rounds < 1 || m_rounds > 100, who << ": rounds= must be within 1..100");
+  m_opt.cache_size = m_opt.CacheSize(m_port == -1, self_normalized, m_buffer);
   std::cerr << who << ": CSLM " << where << ", order " << m_order << ", vocabulary " << facts.words.size() << model
-            << ", scoring " << buffering << (m_opt.future_cost ? ", in the future-cost estimate" : "") << std::endl;
+            << ", scoring " << buffering << (m_opt.future_cost ? ", in the future-cost estimate" : "")
+            << ", n-gram cache " << m_opt.cache_size << " per thread" << std::endl;
 }
 
 CSLM::ThreadData& CSLM::ThisThread() const {

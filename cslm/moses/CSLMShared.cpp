@@ -43,6 +43,13 @@ bool CSLMOptions::Set(const std::string& who, const std::string& key, const std:
   return true;
 }
 
+const size_t CSLMOptions::kCacheSizeAuto;
+
+size_t CSLMOptions::CacheSize(bool in_process, bool self_normalized, size_t buffer) const {
+  return cache_size != kCacheSizeAuto ? cache_size
+                                      : cslm::default_cache_size(in_process, self_normalized, history_cache, buffer);
+}
+
 void CSLMFatal(const std::string& who, const std::string& message) {
   std::cerr << "\n" << who << ": " << message << std::endl;
   std::cout.flush();

@@ -25,17 +25,21 @@ class ScoreComponentCollection;
 // The keys both lines take (docs/moses-feature.md, "moses.ini").
 struct CSLMOptions {
   CSLMOptions()
-      : order(0), self_norm(-1), history_cache(16384), cache_size(1000000), floor(-100.0f), future_cost(-1),
+      : order(0), self_norm(-1), history_cache(16384), cache_size(kCacheSizeAuto), floor(-100.0f), future_cost(-1),
         stats(false), factor(0) {}
   // Reads `key` if it is one of these options and returns true; false for another key. A bad
   // value throws, naming the feature (`who`).
   bool Set(const std::string& who, const std::string& key, const std::string& value);
+  // The n-gram cache's size: cache-size= if given, else cslm::default_cache_size's (cslm_ngrams.h).
+  size_t CacheSize(bool in_process, bool self_normalized, size_t buffer) const;
+
+  static const size_t kCacheSizeAuto = static_cast<size_t>(-1);  // cache-size= not given
 
   std::string path;      // path=: the model directory
   unsigned order;        // order=: the model's n if given (0: not given)
   int self_norm;         // self-normalized=: 1 o_w alone, 0 the softmax, -1 (auto) as the model was trained
   size_t history_cache;  // history-cache=: hidden layers cached per thread (slots)
-  size_t cache_size;     // cache-size=: scores cached per thread
+  size_t cache_size;     // cache-size=: scores cached per thread (kCacheSizeAuto: CacheSize decides)
   float floor;           // floor=: lowest log-probability passed to the decoder
   int future_cost;       // future-cost=: 1 true, 0 false, -1 not given
   bool stats;            // stats=: one line per sentence on stderr

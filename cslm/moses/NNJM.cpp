@@ -113,13 +113,15 @@ void NNJM::Load(AllOptions::ptr const& opts) {
   UTIL_THROW_IF2(m_iniWindow && m_iniWindow != m_window,
                  who << ": moses.ini says source_window=" << m_iniWindow << " but " << m_opt.path
                      << " has a source window of " << m_window);
+  m_opt.cache_size = m_opt.CacheSize(true, self_normalized, 0);
   for (size_t i = 0; i < facts.words.size(); ++i) m_vocab[facts.words[i]] = static_cast<uint32_t>(i);
   for (size_t i = 0; i < facts.source_words.size(); ++i) m_srcVocab[facts.source_words[i]] = static_cast<uint32_t>(i);
   std::cerr << who << ": joint model " << m_backend->Where() << ", order " << m_order << ", source window "
             << m_window << ", vocabularies " << facts.words.size() << " target and " << facts.source_words.size()
             << " source, " << (self_normalized ? "self-normalised (o_w)" : "exact softmax")
             << ", premultiplied tables " << table_mib << " MiB"
-            << (m_opt.future_cost != 0 ? ", in the future-cost estimate" : "") << std::endl;
+            << (m_opt.future_cost != 0 ? ", in the future-cost estimate" : "") << ", n-gram cache "
+            << m_opt.cache_size << " per thread" << std::endl;
 }
 
 NNJM::ThreadData& NNJM::ThisThread() const {

@@ -236,6 +236,17 @@ class SuffixMeans {
   size_t count_;
 };
 
+// The n-gram cache's size per decoder thread when moses.ini gives no
+// cache-size= (CSLMOptions::CacheSize): 4,096 where the model is evaluated in
+// process, self-normalised, with a history cache and no buffer, since a hit
+// there saves one output row's dot product, less than a lookup in a large
+// table costs once it misses the processor's caches; else 1,000,000, since a
+// hit saves a round trip to a server or a softmax, and the buffer keeps a
+// stack's answers in the cache (docs/moses-feature.md, "Measured").
+inline size_t default_cache_size(bool in_process, bool self_normalized, size_t history_cache, size_t buffer) {
+  return in_process && self_normalized && history_cache > 0 && buffer == 0 ? 4096 : 1000000;
+}
+
 // A bounded map from n-gram to (log-probability, flags). When it holds
 // `capacity` entries it is emptied: simple, and cheap enough for one
 // decoder thread (the hot n-grams come back within a sentence).

@@ -121,6 +121,13 @@ int main() {
     CHECK(all);
   }
 
+  // the cache's default size: small only in process, self-normalised, with a history cache, unbuffered
+  CHECK(cslm::default_cache_size(true, true, 16384, 0) == 4096);
+  CHECK(cslm::default_cache_size(false, true, 16384, 0) == 1000000);     // through a server
+  CHECK(cslm::default_cache_size(true, false, 16384, 0) == 1000000);     // the exact softmax
+  CHECK(cslm::default_cache_size(true, true, 0, 0) == 1000000);          // no history cache
+  CHECK(cslm::default_cache_size(true, true, 16384, 65536) == 1000000);  // the buffer
+
   // cube pruning's corner: (x+i, y+j) with (i+1)(j+1) <= corner, inside the cube, (x, y) first
   std::vector<std::pair<size_t, size_t> > cells;
   cslm::cube_corner(0, 0, 10, 10, 8, &cells);
