@@ -122,12 +122,20 @@ class PairCorpus:
         out[mask] = flat[gather]
         return out, mask
 
-    def batch(self, index: np.ndarray, device: torch.device):
-        """Right-padded (src, src_mask, tgt, tgt_mask) tensors for the given pairs, in one transfer
+    def host_batch(self, index: np.ndarray) -> list[np.ndarray]:
+        """Right-padded [src, src_mask, tgt, tgt_mask] arrays for the given pairs."""
+        return [*self.padded(index, "src"), *self.padded(index, "tgt")]
+
+    @staticmethod
+    def on_device(host: list[np.ndarray], device: torch.device, *more: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """A `host_batch` as tensors on `device`, and `more` integer arrays after them, in one transfer
         (`runtime.upload`: on a GPU without waiting for the step before)."""
-        (src, src_mask), (tgt, tgt_mask) = self.padded(index, "src"), self.padded(index, "tgt")
-        src, src_mask, tgt, tgt_mask = upload([src, src_mask, tgt, tgt_mask], device)
-        return src, src_mask.bool(), tgt, tgt_mask.bool()
+        src, src_mask, tgt, tgt_mask, *rest = upload([*host, *more], device)
+        return (src, src_mask.bool(), tgt, tgt_mask.bool(), *rest)
+
+    def batch(self, index: np.ndarray, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """Right-padded (src, src_mask, tgt, tgt_mask) tensors for the given pairs."""
+        return self.on_device(self.host_batch(index), device)
 
 
 def read_unique_pairs(path: str) -> tuple[list[str], list[str]]:
@@ -375,18 +383,15 @@ class PairTrainer(Trainer):
     def batch(self, step: int):
         cfg, corpus = self.cfg, self.corpus
         index = self.order(step)
-        mine = index[self.dist.rank :: self.dist.world]
-        args = corpus.batch(mine, self.device)
-        if cfg.sampled_softmax:
-            ids, mask = corpus.padded(index, "tgt")  # the global batch's target words, without a per-pair loop
-            targets = ids[mask]
-            cand, log_q = sampled_candidates(targets, self.model_cfg.tgt_vocab, cfg.sampled_softmax, cfg.seed, step)
-            position = np.searchsorted(cand, corpus.padded(mine, "tgt")[0])  # pads (id 0) map anywhere: masked out
-            position = np.minimum(position, len(cand) - 1)
-            cand, position = upload([cand, position], self.device)
-            (log_q,) = upload([log_q], self.device, np.float32)
-            args = (*args, cand, log_q, position)
-        return args, len(index)
+        host = corpus.host_batch(index[self.dist.rank :: self.dist.world])
+        if not cfg.sampled_softmax:
+            return corpus.on_device(host, self.device), len(index)
+        ids, mask = corpus.padded(index, "tgt")  # the global batch's target words, without a per-pair loop
+        cand, log_q = sampled_candidates(ids[mask], self.model_cfg.tgt_vocab, cfg.sampled_softmax, cfg.seed, step)
+        position = np.minimum(np.searchsorted(cand, host[2]), len(cand) - 1)  # pads (id 0) map anywhere: masked out
+        src, src_mask, tgt, tgt_mask, cand, position = corpus.on_device(host, self.device, cand, position)
+        (log_q,) = upload([log_q], self.device, np.float32)
+        return (src, src_mask, tgt, tgt_mask, cand, log_q, position), len(index)
 
     def heldout(self, model) -> tuple[float, int]:
         index = self.valid_idx[self.dist.rank :: self.dist.world]
