@@ -83,31 +83,32 @@ CSLM::CSLM(const std::string& line)
 CSLM::~CSLM() {}
 
 void CSLM::SetParameter(const std::string& key, const std::string& value) {
-  if (m_opt.Set(GetScoreProducerDescription(), key, value)) return;  // the keys NNJM takes too
+  const std::string who = GetScoreProducerDescription();
+  if (m_opt.Set(who, key, value)) return;  // the keys NNJM takes too
   if (key == "host") {
     m_host = value;
   } else if (key == "port") {
-    m_port = Scan<int>(value);
+    m_port = ScanNumber<int>(who, key, value, 1, 65535);
   } else if (key == "timeout") {
-    m_timeout = Scan<double>(value);
+    m_timeout = ScanNumber<double>(who, key, value, 0.001, 86400);
   } else if (key == "retries") {
-    m_retries = Scan<int>(value);
+    m_retries = ScanNumber<int>(who, key, value, 0, 100);
   } else if (key == "prefetch") {
-    m_prefetch = Scan<size_t>(value);
+    m_prefetch = ScanNumber<size_t>(who, key, value, 0, 1000000);
   } else if (key == "buffer") {
-    m_buffer = Scan<size_t>(value);
+    m_buffer = ScanNumber<size_t>(who, key, value, 0, 16777216);
   } else if (key == "corner") {
-    m_corner = Scan<size_t>(value);
+    m_corner = ScanNumber<size_t>(who, key, value, 0, 1000000);
   } else if (key == "ahead") {
-    m_ahead = Scan<size_t>(value);
+    m_ahead = ScanNumber<size_t>(who, key, value, 0, 1000000);
   } else if (key == "predict") {
-    m_predict = Scan<float>(value);
+    m_predict = ScanNumber<float>(who, key, value, 0, 1000);
   } else if (key == "run-ahead") {
     UTIL_THROW_IF2(value != "evaluate" && value != "estimate",
-                   GetScoreProducerDescription() << ": run-ahead= must be evaluate or estimate, not '" << value << "'");
+                   who << ": run-ahead= must be evaluate or estimate, not '" << value << "'");
     m_evaluateRunAhead = value == "evaluate";
   } else if (key == "rounds") {
-    m_rounds = Scan<size_t>(value);
+    m_rounds = ScanNumber<size_t>(who, key, value, 1, 100);
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }
@@ -203,8 +204,6 @@ void CSLM::Load(AllOptions::ptr const& opts) {
     }
   }
   UTIL_THROW_IF2(m_buffer && (m_corner < 1 || m_ahead < 1), who << ": corner= and ahead= must be at least 1");
-  UTIL_THROW_IF2(!(m_predict >= 0 && m_predict <= 1000), who << ": predict= must be within 0..1000 (times the pop limit)");
-  UTIL_THROW_IF2(m_rounds < 1 || m_rounds > 100, who << ": rounds= must be within 1..100");
   m_opt.cache_size = m_opt.CacheSize(m_port == -1, self_normalized, m_buffer);
   std::cerr << who << ": CSLM " << where << ", order " << m_order << ", vocabulary " << facts.words.size() << model
             << ", scoring " << buffering << (m_opt.future_cost ? ", in the future-cost estimate" : "")

@@ -20,15 +20,15 @@ bool CSLMOptions::Set(const std::string& who, const std::string& key, const std:
   if (key == "path") {
     path = value;
   } else if (key == "order") {
-    order = Scan<unsigned>(value);
+    order = ScanNumber<unsigned>(who, key, value, 0, 64);
   } else if (key == "factor") {
-    factor = Scan<FactorType>(value);
+    factor = ScanNumber<FactorType>(who, key, value, 0, MAX_NUM_FACTORS - 1);
   } else if (key == "cache-size") {
-    cache_size = Scan<size_t>(value);
+    cache_size = ScanNumber<size_t>(who, key, value, 0, 100000000);
   } else if (key == "floor") {
-    floor = Scan<float>(value);
+    floor = ScanNumber<float>(who, key, value, -1e6f, 0.0f);
   } else if (key == "history-cache") {
-    history_cache = Scan<size_t>(value);
+    history_cache = ScanNumber<size_t>(who, key, value, 0, 10000000);
   } else if (key == "future-cost") {
     future_cost = Scan<bool>(value) ? 1 : 0;
   } else if (key == "stats") {

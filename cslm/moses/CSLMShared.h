@@ -14,6 +14,7 @@
 #include "cslm_backend.h"
 #include "cslm_ngrams.h"
 #include "moses/TypeDef.h"
+#include "util/exception.hh"
 
 namespace Moses {
 
@@ -45,6 +46,16 @@ struct CSLMOptions {
   bool stats;            // stats=: one line per sentence on stderr
   FactorType factor;     // factor=: the target factor scored
 };
+
+// The value of moses.ini key `key` as a number within [lo, hi] (cslm::parse_number); else throws naming
+// the feature (`who`), the key, the value and the range.
+template <class T>
+T ScanNumber(const std::string& who, const std::string& key, const std::string& value, T lo, T hi) {
+  T out = lo;
+  UTIL_THROW_IF2(!cslm::parse_number(value, lo, hi, &out),
+                 who << ": " << key << "=" << value << " is not a number within " << lo << ".." << hi);
+  return out;
+}
 
 // Says why on stderr, prefixed by the feature's name, and stops the whole
 // process now (called from a decoder thread, where an exception would not

@@ -67,11 +67,12 @@ NNJM::NNJM(const std::string& line)
 NNJM::~NNJM() {}
 
 void NNJM::SetParameter(const std::string& key, const std::string& value) {
-  if (m_opt.Set(GetScoreProducerDescription(), key, value)) return;  // the keys CSLM takes too
+  const std::string who = GetScoreProducerDescription();
+  if (m_opt.Set(who, key, value)) return;  // the keys CSLM takes too
   if (key == "source_window") {
-    m_iniWindow = Scan<unsigned>(value);
+    m_iniWindow = ScanNumber<unsigned>(who, key, value, 0, 1001);
   } else if (key == "source-factor") {
-    m_sourceFactorType = Scan<FactorType>(value);
+    m_sourceFactorType = ScanNumber<FactorType>(who, key, value, 0, MAX_NUM_FACTORS - 1);
   } else {
     StatefulFeatureFunction::SetParameter(key, value);
   }

@@ -19,18 +19,47 @@
 #ifndef CSLM_MOSES_NGRAMS_H_
 #define CSLM_MOSES_NGRAMS_H_
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <string>
 #include <vector>
 
 #include <algorithm>
+#include <cmath>
 #include <queue>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 
 namespace cslm {
+
+// A moses.ini value as a number within [lo, hi]: for an integer type base-10
+// digits (a minus sign only for a signed type), for a floating type strtod's
+// syntax and finite; nothing before or after. False for anything else, where
+// Moses's Scan reads "abc" as 0 and "-5" as a huge unsigned count.
+template <class T>
+bool parse_number(const std::string& text, T lo, T hi, T* out) {
+  if (text.empty() || !(text[0] == '-' || text[0] == '+' || text[0] == '.' || (text[0] >= '0' && text[0] <= '9')))
+    return false;
+  const char* begin = text.c_str();
+  char* end = 0;
+  errno = 0;
+  long double value;
+  if (std::is_integral<T>::value) {
+    if (text[0] == '-' && !std::is_signed<T>::value) return false;
+    value = std::is_signed<T>::value ? static_cast<long double>(strtoll(begin, &end, 10))
+                                     : static_cast<long double>(strtoull(begin, &end, 10));
+  } else {
+    value = strtold(begin, &end);
+    if (!std::isfinite(value)) return false;
+  }
+  if (errno || end != begin + text.size() || value < lo || value > hi) return false;
+  *out = static_cast<T>(value);
+  return true;
+}
 
 // Appends one n-gram of `order` ids to `out`: the last order-1 ids of
 // hist[0..hist_len) (left-padded with bos), then `word`.

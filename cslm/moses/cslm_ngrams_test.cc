@@ -128,6 +128,25 @@ int main() {
   CHECK(cslm::default_cache_size(true, true, 0, 0) == 1000000);          // no history cache
   CHECK(cslm::default_cache_size(true, true, 16384, 65536) == 1000000);  // the buffer
 
+  // moses.ini numbers: the whole value, within its range
+  {
+    size_t n = 7;
+    float f = 0;
+    int i = 0;
+    CHECK(cslm::parse_number<size_t>("4096", 0, 100000000, &n) && n == 4096);
+    CHECK(cslm::parse_number<size_t>("0", 0, 10, &n) && n == 0);
+    CHECK(!cslm::parse_number<size_t>("abc", 0, 10, &n) && !cslm::parse_number<size_t>("-5", 0, 10, &n));
+    CHECK(!cslm::parse_number<size_t>("12x", 0, 100, &n) && !cslm::parse_number<size_t>("", 0, 10, &n));
+    CHECK(!cslm::parse_number<size_t>(" 3", 0, 10, &n) && !cslm::parse_number<size_t>("3 ", 0, 10, &n));
+    CHECK(!cslm::parse_number<size_t>("11", 0, 10, &n) && !cslm::parse_number<size_t>("1.5", 0, 10, &n));
+    CHECK(!cslm::parse_number<size_t>("99999999999999999999999", 0, 100000000, &n) && n == 0);
+    CHECK(cslm::parse_number<int>("-3", -10, 10, &i) && i == -3 && !cslm::parse_number<int>("-11", -10, 10, &i));
+    CHECK(cslm::parse_number<float>("1.25", 0, 1000, &f) && f == 1.25f);
+    CHECK(cslm::parse_number<float>("-100", -1e6f, 0, &f) && f == -100.0f);
+    CHECK(!cslm::parse_number<float>("nan", 0, 1000, &f) && !cslm::parse_number<float>("inf", 0, 1e30f, &f));
+    CHECK(!cslm::parse_number<float>("1e9", 0, 1000, &f) && !cslm::parse_number<float>("1,5", 0, 10, &f));
+  }
+
   // cube pruning's corner: (x+i, y+j) with (i+1)(j+1) <= corner, inside the cube, (x, y) first
   std::vector<std::pair<size_t, size_t> > cells;
   cslm::cube_corner(0, 0, 10, 10, 8, &cells);
