@@ -1,5 +1,6 @@
 // cslm_ngrams.h -- the Moses-independent part of the CSLM feature function:
-// which n-grams a phrase-based decoder must score, and a bounded n-gram cache.
+// which n-grams a phrase-based decoder must score, a bounded n-gram cache, and
+// the checks of the numbers its moses.ini line gives.
 //
 // Word ids are the server's (cslm::Client). An n-gram is `order` ids, oldest
 // first, the predicted word last, left-padded with <s> where the history is
