@@ -52,9 +52,9 @@ def _library() -> ctypes.CDLL:
 
 class NativeModel:
     """A model directory loaded by the C++ evaluator. A call of many rows is scored by the calling thread and
-    up to `threads` - 1 helper threads (one per `rows_per_thread` rows), each taking a few rows at a time as it
-    is free. Calls may come from several threads at once. Every thread has its own working memory; all share
-    one cache of `history_slots` last hidden layers (0: none)."""
+    up to `threads` - 1 helper threads (one per 0.1 ms of the rows' work, as the last calls' rows took), each
+    taking a few rows at a time as it is free. Calls may come from several threads at once. Every thread has
+    its own working memory; all share one cache of `history_slots` last hidden layers (0: none)."""
 
     def __init__(self, model_dir: str, history_slots: int, threads: int = 1):
         self._handle = None
@@ -67,7 +67,7 @@ class NativeModel:
         self.threads = max(1, threads)
         row, vocab, per_thread = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_size_t()
         lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(per_thread))
-        # ids per row, words, and the fewest rows a call gives each thread
+        # ids per row, words, and the rows per thread past which a call is no cheaper per row
         self.row_size, self.vocab_size, self.rows_per_thread = row.value, vocab.value, per_thread.value
 
     def score(self, rows: np.ndarray, normalized: bool) -> np.ndarray:

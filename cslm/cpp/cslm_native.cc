@@ -12,8 +12,9 @@
 //   cslm_native_close(m);
 //
 // A call of many rows is scored by the caller's thread and up to `threads` - 1
-// helper threads (one per kRowsPerThread rows), kept waiting between calls. They
-// take the rows kChunkRows at a time as each is free, not in fixed shares: on
+// helper threads (one per 0.1 ms of the rows' work, as the last calls were
+// timed), kept waiting between calls. They take the rows a few at a time (at
+// most kChunkRows, two chunks a thread at least) as each is free, not in fixed shares: on
 // cores the decoder also uses, a thread that gets no core for a while takes
 // fewer rows, and the caller never waits for a helper that has taken none.
 // Calls may come from several threads at once. Every thread has a working
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -36,8 +38,13 @@
 
 namespace {
 
-// Below this many rows a helper thread costs more than it saves.
+// Rows per thread past which a larger call is no cheaper per row (what
+// cslm_native_facts tells the server's batcher); before any call has been
+// timed, also the fewest rows worth a helper thread.
 const size_t kRowsPerThread = 256;
+// The least work worth a helper thread, in nanoseconds: waking one costs some
+// microseconds. A call gets one thread per this much of its rows' time.
+const uint64_t kHelperNs = 100000;
 // Rows a thread takes at once: small enough that the caller, once the rows
 // are all taken, waits at most this many for a helper that has some.
 const size_t kChunkRows = 64;
@@ -49,7 +56,7 @@ struct Call {
   unsigned width;
   bool normalized;
   float* logprobs;
-  size_t chunk;              // rows a thread takes at once: kChunkRows, or all of them with no helper
+  size_t chunk;              // rows a thread takes at once: at most kChunkRows, or all of them with no helper
   std::atomic<size_t> next;  // the first row no thread has taken
   std::atomic<size_t> done;  // rows scored (or failed)
   std::mutex mutex;
@@ -60,7 +67,7 @@ struct Call {
 struct Native {
   Native(const char* dir, size_t slots)
       : model(dir), cache(slots ? new cslm::SharedHiddenCache(slots, model.row_size() - 1, model.hidden_size()) : 0),
-        stopping(false), hits(0), misses(0) {}
+        stopping(false), hits(0), misses(0), row_ns(0) {}
   ~Native() {
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -81,6 +88,10 @@ struct Native {
   bool stopping;
 
   std::atomic<size_t> hits, misses;  // the history cache's lookups, counted as each chunk is done
+  // A row's scoring time in ns, averaged over the last chunks (cache hits
+  // and all); 0 before the first. Updated without a lock: a lost update
+  // only delays the average.
+  std::atomic<uint64_t> row_ns;
 
   cslm::LocalModel::Scratch* NewScratch() {
     cslm::LocalModel::Scratch* s = new cslm::LocalModel::Scratch(0);
@@ -107,8 +118,13 @@ struct Native {
     size_t begin;
     while ((begin = call->next.fetch_add(call->chunk)) < call->count) {
       const size_t end = begin + call->chunk < call->count ? begin + call->chunk : call->count;
+      const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
       try {
         model.Score(call->rows + begin * call->width, end - begin, call->normalized, call->logprobs + begin, s);
+        const uint64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now() - t0).count() / (end - begin);
+        const uint64_t old = row_ns.load(std::memory_order_relaxed);
+        row_ns.store(old ? (7 * old + ns) / 8 : ns, std::memory_order_relaxed);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(call->mutex);
         if (call->error.empty()) call->error = e.what();
@@ -186,7 +202,8 @@ void* cslm_native_open(const char* model_dir, size_t history_slots, char* err, s
 }
 
 // What the model is: ids per row (order + source window) and the vocabulary's
-// size; and the fewest rows a call gives each thread (kRowsPerThread).
+// size; and the rows per thread past which a call is no cheaper per row
+// (kRowsPerThread).
 void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size, size_t* rows_per_thread) {
   const cslm::LocalModel& m = static_cast<Native*>(handle)->model;
   *row_size = m.row_size();
@@ -209,9 +226,13 @@ int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int norm
   call->logprobs = logprobs;
   call->next = 0;
   call->done = 0;
-  size_t wanted = count / kRowsPerThread;  // threads in all, the caller's among them
+  // threads in all, the caller's among them: one per kHelperNs of the rows'
+  // expected time (per kRowsPerThread rows before a first chunk was timed)
+  const uint64_t row_ns = n->row_ns.load(std::memory_order_relaxed);
+  size_t wanted = row_ns ? static_cast<size_t>(count * row_ns / kHelperNs) : count / kRowsPerThread;
   if (wanted > threads) wanted = threads;
-  call->chunk = wanted > 1 ? kChunkRows : count;
+  const size_t share = count / (2 * (wanted ? wanted : 1));  // two chunks a thread at least
+  call->chunk = wanted < 2 ? count : share < kChunkRows ? share : kChunkRows;
   const size_t asked = wanted > 1 ? n->Ask(call, wanted - 1) : 0;
   for (size_t k = 0; k < asked; ++k) n->wake.notify_one();
   cslm::LocalModel::Scratch* s = n->Take();
