@@ -36,7 +36,7 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -357,6 +357,9 @@ class Distributed:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    # the group `all_sum` adds up in: gloo over the host's memory, so that a sum never waits for the GPU's
+    # queued kernels (on NCCL a separate gloo group of the same ranks; on CPU the default group, itself gloo)
+    host_group: object = field(default=None, repr=False, compare=False)
 
     @property
     def enabled(self) -> bool:
@@ -393,16 +396,20 @@ class Distributed:
             torch.cuda.set_device(device)
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if dist.get_backend() != "gloo" and self.host_group is None:
+            self.host_group = dist.new_group(backend="gloo")
         return device
 
-    def all_sum(self, values: list[float], device: torch.device) -> list[float]:
-        """Element-wise sum of `values` over all ranks (the values themselves when alone)."""
+    def all_sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum of host `values` over all ranks (the values themselves when alone), in
+        `host_group`: on a GPU, NCCL would queue the sum behind every kernel queued so far, and reading it
+        would make the host wait for them (the training loop calls this at every step)."""
         if not self.enabled:
             return list(values)
         import torch.distributed as dist
 
-        t = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(t)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, group=self.host_group)
         return t.tolist()
 
     def barrier(self) -> None:

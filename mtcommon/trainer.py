@@ -225,7 +225,7 @@ class Trainer(ABC):
         with torch.no_grad():
             nll, tokens = self.heldout(model)
         model.train()
-        nll, tokens = self.dist.all_sum([nll, tokens], self.device)
+        nll, tokens = self.dist.all_sum([nll, tokens])
         return math.exp(nll / max(tokens, 1))
 
     def _backward(self, objective, optimizer: torch.optim.Optimizer, args: tuple, rows: int,
@@ -246,7 +246,7 @@ class Trainer(ABC):
         first batch, with no optimiser step and the gradients dropped after, so the run is the one the
         chosen dtype given explicitly makes."""
         dist = self.dist
-        combine = (lambda medians: dist.all_sum(medians, self.device)) if dist.enabled else None
+        combine = dist.all_sum if dist.enabled else None
         amp = probe_dtype(self.device, getattr(self.cfg, "dtype", "fp32"),
                           lambda amp: self._backward(objective, optimizer, *first_batch(), amp),
                           what="a training step", quiet=not (self.progress and dist.is_main), combine=combine)
@@ -342,7 +342,7 @@ class Trainer(ABC):
                 return
             value, pending = pending.item(), None
             if dist.enabled:
-                value = dist.all_sum([value], self.device)[0] / dist.world
+                value = dist.all_sum([value])[0] / dist.world
             if self.trace:
                 trace.append(value)
             loss_ema = value if loss_ema is None else 0.98 * loss_ema + 0.02 * value
@@ -355,7 +355,7 @@ class Trainer(ABC):
             spent = 0.0 if cfg.max_minutes is None else \
                 wall() / (60 * cfg.max_minutes) if cfg.max_minutes > 0 else math.inf
             if dist.enabled and cfg.max_minutes is not None:
-                spent = dist.all_sum([spent], self.device)[0] / dist.world
+                spent = dist.all_sum([spent])[0] / dist.world
             if cfg.max_minutes is not None and spent > 1.0:
                 stopped = "max_minutes"
                 break
