@@ -14,9 +14,10 @@
 // A call of many rows is scored by the caller's thread and up to `threads` - 1
 // helper threads (one per 0.1 ms of the rows' work, as the last calls were
 // timed), kept waiting between calls. They take the rows a few at a time (at
-// most kChunkRows, two chunks a thread at least) as each is free, not in fixed shares: on
-// cores the decoder also uses, a thread that gets no core for a while takes
-// fewer rows, and the caller never waits for a helper that has taken none.
+// most kChunkRows, two chunks a thread at least) as each is free, not in
+// fixed shares: on cores the decoder also uses, a thread that gets no core
+// for a while takes fewer rows, and the caller never waits for a helper that
+// has taken none.
 // Calls may come from several threads at once. Every thread has a working
 // memory of its own (LocalModel::Scratch), and all share one cache of last
 // hidden layers (SharedHiddenCache), so that a history one thread computed is
