@@ -11,9 +11,10 @@ connection's request is scored within the next batch or two. A request split ove
 answered once its last slice is scored.
 
 Each batch is one `Engine.score_rows` call: in a worker thread, or on the loop's own thread for at most
-INLINE_ROWS n-grams, where the thread hop would cost more than the work, or for a lone connection's request
-of at most `full_batch`. While the worker computes, new requests queue up and form the next batch, so under
-load batches fill without waiting.
+`inline_rows` n-grams: INLINE_ROWS, where the thread hop would cost more than the work, or, with the C++
+evaluator, whose own threads share out a call's rows, INLINE_FULL_BATCHES full batches (a few milliseconds).
+While the worker computes, new requests queue up and form the next batch, so under load batches fill without
+waiting.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ from .stats import Stats
 # Batches of at most this many n-grams are scored on the event loop's thread (about 0.1 ms on the CPU);
 # larger ones in the worker thread, so that reading new requests overlaps the forward pass.
 INLINE_ROWS = 64
+# ... and with the C++ evaluator, batches of up to this many full batches: its threads hold the cores while it
+# scores, and the hop to the worker thread and back (waking the loop through its self-pipe, the GIL changing
+# hands) cost the server more than the reading of new requests that it lets overlap.
+INLINE_FULL_BATCHES = 4
 
 
 class CachedScorer:
@@ -124,6 +129,9 @@ class Batcher:
         # rows past which a larger batch is no cheaper per row (the C++ evaluator's, once every thread has a
         # part), where the scorer has such a size; None: every row more helps (torch), up to max_batch
         self.full_batch = min(max_batch, full_batch) if full_batch else None
+        # the largest batch scored on the loop's own thread
+        self.inline_rows = INLINE_ROWS if self.full_batch is None else \
+            max(INLINE_ROWS, min(max_batch, INLINE_FULL_BATCHES * self.full_batch))
         self.queues: dict[object, collections.deque] = {}  # connection -> its waiting requests, oldest first
         self.turns: collections.deque = collections.deque()  # the connections in `queues`, next turn first
         self.attached = 0  # connections that may send requests
@@ -168,12 +176,16 @@ class Batcher:
                 and (self.attached <= 1 or self.max_delay <= 0))
 
     def takes_now(self, rows: int) -> bool:
-        """Whether a request of `rows` n-grams is scored on the caller's thread (`score_now`): the batcher
-        `idle`, and the request small (INLINE_ROWS), or from the only connection and at most a full batch
-        (`full_batch` where the scorer gives one: a few milliseconds, during which only a new connection's
-        handshake can wait)."""
-        lone = self.attached <= 1 and self.full_batch is not None
-        return self.idle() and (rows <= INLINE_ROWS or (lone and rows <= self.full_batch))
+        """Whether a request of `rows` n-grams is scored on the caller's thread (`score_now`): when the batcher
+        would score it at once and alone, as one batch of at most `inline_rows` (a few milliseconds, during
+        which other connections' requests wait to be read). At once and alone: nothing waiting and nothing
+        being scored, and no batch would wait for more rows: `idle`, or the request a full batch already
+        (`full_batch`, where the scorer gives one)."""
+        if rows > self.inline_rows:
+            return False
+        if self.full_batch is not None and rows >= self.full_batch:
+            return not self.turns and not self.computing and not self.stopping
+        return self.idle()
 
     def score_now(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Score `rows` on the caller's thread, as one batch: the server's fast path for a small request
@@ -244,7 +256,7 @@ class Batcher:
                 np.concatenate([r.rows[a:b] for r, a, b in batch])
             self.computing = True
             try:
-                if total <= INLINE_ROWS:  # a thread hop would cost more than the forward pass
+                if total <= self.inline_rows:  # a thread hop would cost more than it saves
                     logp, flags, seconds = self._timed(rows)
                 else:
                     logp, flags, seconds = await loop.run_in_executor(self.pool, self._timed, rows)

@@ -43,7 +43,7 @@ from mtcommon.errors import UserError
 from mtcommon.finite import NonFiniteScores
 
 from . import protocol as P
-from .batcher import INLINE_ROWS, Batcher, CachedScorer
+from .batcher import Batcher, CachedScorer
 from .engine import Engine
 from .limits import LISTEN_BACKLOG, OUT_OF_RESOURCES, ByteBudget, ServerConfig, connection_limit, open_file_limit
 from .stats import RateLimitedLog, Stats, shutdown_summary, startup_message

@@ -207,9 +207,10 @@ def test_stats_count_a_known_sequence_exactly(engine):  # noqa: F811
 
 def test_a_batch_waits_only_while_more_rows_would_pay():
     """A batch waits for an idle connection's requests while it is smaller than the scorer's full batch (the
-    C++ evaluator's), or than max_batch where the scorer has none (torch); a lone connection's request of up to
-    a full batch is scored on the caller's thread, else only a small one (INLINE_ROWS)."""
-    from cslm.batcher import INLINE_ROWS, Batcher
+    C++ evaluator's), or than max_batch where the scorer has none (torch). A request the batcher would score at
+    once and alone is scored on the caller's thread: a small one (INLINE_ROWS) from a lone connection, and with
+    the C++ evaluator one of up to INLINE_FULL_BATCHES full batches, from a lone connection or a full batch."""
+    from cslm.batcher import INLINE_FULL_BATCHES, INLINE_ROWS, Batcher
     from cslm.stats import Stats
 
     def scorer(rows):
@@ -224,9 +225,11 @@ def test_a_batch_waits_only_while_more_rows_would_pay():
         try:
             for b in (full, plain):
                 b.attach()
-                assert b.takes_now(INLINE_ROWS) and b.takes_now(512) == (b is full) and not b.takes_now(513)
+                most = INLINE_FULL_BATCHES * 512 if b is full else INLINE_ROWS
+                assert b.takes_now(INLINE_ROWS) and b.takes_now(most) and not b.takes_now(most + 1)
                 b.attach()  # one connection sends, another is idle
                 assert b.takes_now(INLINE_ROWS) is False
+                assert b.takes_now(511) is False and b.takes_now(512) == (b is full)  # a full batch would not wait
                 b.submit(rows(511), "a")
                 assert b._should_wait(later)
                 b.submit(rows(1), "a")
