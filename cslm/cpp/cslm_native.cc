@@ -14,7 +14,7 @@
 // A call of many rows is scored by the caller's thread and up to `threads` - 1
 // helper threads (one per 0.1 ms of the rows' work, as the last calls were
 // timed), kept waiting between calls. They take the rows a few at a time (at
-// most kChunkRows, two chunks a thread at least) as each is free, not in
+// most kChunkRows, four chunks a thread at least) as each is free, not in
 // fixed shares: on cores the decoder also uses, a thread that gets no core
 // for a while takes fewer rows, and the caller never waits for a helper that
 // has taken none.
@@ -47,7 +47,9 @@ const size_t kRowsPerThread = 256;
 // microseconds. A call gets one thread per this much of its rows' time.
 const uint64_t kHelperNs = 100000;
 // Rows a thread takes at once: small enough that the caller, once the rows
-// are all taken, waits at most this many for a helper that has some.
+// are all taken, waits at most this many for a helper that has some. A call
+// of few rows is cut finer (four chunks a thread), so that the caller works
+// on while a helper wakes.
 const size_t kChunkRows = 64;
 
 // One cslm_native_score call: its rows, taken kChunkRows at a time.
@@ -232,7 +234,7 @@ int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int norm
   const uint64_t row_ns = n->row_ns.load(std::memory_order_relaxed);
   size_t wanted = row_ns ? static_cast<size_t>(count * row_ns / kHelperNs) : count / kRowsPerThread;
   if (wanted > threads) wanted = threads;
-  const size_t share = count / (2 * (wanted ? wanted : 1));  // two chunks a thread at least
+  const size_t share = count / (4 * (wanted ? wanted : 1));  // four chunks a thread at least
   call->chunk = wanted < 2 ? count : share < kChunkRows ? share : kChunkRows;
   const size_t asked = wanted > 1 ? n->Ask(call, wanted - 1) : 0;
   for (size_t k = 0; k < asked; ++k) n->wake.notify_one();
