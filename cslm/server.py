@@ -285,9 +285,9 @@ class Server:
                     rows = self.engine.left_pad(P.decode_score(payload, self.engine.order, len(self.engine.vocab)))
                     del payload
                     if self.batcher.takes_now(len(rows)):
-                        # the fast path: a small request with nothing to batch with, scored here and now, as the
-                        # batcher would (on the loop's thread), without its task, future and turn. Larger ones
-                        # go to the worker thread, so that the loop stays free for other connections meanwhile.
+                        # the fast path: a request the batcher would score at once and alone on the loop's
+                        # thread (Batcher.takes_now), scored here and now, without its task, future and turn.
+                        # Others go through the batcher.
                         if not self._answer(writer, rid, rows, None, t0, lambda: self.batcher.score_now(rows)):
                             await self._drain(writer)
                             return
