@@ -46,8 +46,18 @@ def _library() -> ctypes.CDLL:
         lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_uint, ctypes.c_char_p, size_t]
         lib.cslm_native_cache_counts.argtypes = [p, ctypes.POINTER(size_t), ctypes.POINTER(size_t)]
         lib.cslm_native_close.argtypes = [p]
+        lib.cslm_native_plan.argtypes = [size_t, ctypes.c_uint64, ctypes.c_uint, ctypes.POINTER(size_t),
+                                         ctypes.POINTER(size_t)]
         _lib = lib
     return _lib
+
+
+def plan(count: int, row_ns: int, threads: int) -> tuple[int, int]:
+    """How the evaluator shares out a call of `count` rows where a row has taken `row_ns` nanoseconds (0: not
+    timed yet) and `threads` may score: (threads in all, rows a thread takes at a time); cslm_native_plan."""
+    wanted, chunk = ctypes.c_size_t(), ctypes.c_size_t()
+    _library().cslm_native_plan(count, row_ns, threads, ctypes.byref(wanted), ctypes.byref(chunk))
+    return wanted.value, chunk.value
 
 
 class NativeModel:

@@ -65,6 +65,25 @@ def test_a_call_split_over_threads_answers_as_one_thread(model_dir):  # noqa: F8
 
 
 @built
+def test_every_call_is_shared_out_in_chunks_that_cover_its_rows():
+    """A call gets a thread per 0.1 ms of its rows' expected time, at most `threads` and one per row, and
+    every thread's chunk holds at least one row: a slow model's call of a few rows (a chunk of 0 rows once
+    crashed the server dividing by it) as well as a fast one's of thousands."""
+    for row_ns in (0, 100, 5_000, 50_000, 400_000, 10**9):
+        for threads in (1, 2, 3, 8):
+            for count in (0, 1, 2, 3, 5, 7, 16, 63, 64, 255, 256, 513, 8192):
+                wanted, chunk = native.plan(count, row_ns, threads)
+                assert wanted <= min(threads, count)
+                if wanted < 2:
+                    assert chunk == count  # one thread: the whole call at once
+                else:
+                    assert 1 <= chunk <= 64 and chunk * wanted <= count
+    assert native.plan(256, 5_000, 2) == (2, 32)  # a small model's 256 rows: both threads, 32 at a time
+    assert native.plan(256, 200, 2) == (0, 256)  # a tiny model's: not worth a helper
+    assert native.plan(512, 0, 2) == (2, 64)  # untimed: a thread per 256 rows
+
+
+@built
 def test_the_threads_of_a_call_share_one_history_cache(model_dir):  # noqa: F811
     """A history that one thread computed is found by every other: after a call shared out over threads, the
     same rows scored again from one thread compute no hidden layer (with a cache per thread they would compute

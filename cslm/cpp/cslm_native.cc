@@ -214,6 +214,21 @@ void cslm_native_facts(void* handle, unsigned* row_size, size_t* vocab_size, siz
   *rows_per_thread = kRowsPerThread;
 }
 
+// How a call of `count` rows is shared out, where a row has taken `row_ns`
+// (0: not timed yet) and `threads` may score: *wanted threads in all, the
+// caller's among them (one per kHelperNs of the rows' expected time, or per
+// kRowsPerThread rows untimed; at most `threads` and `count`), each taking
+// *chunk rows at a time (all of them on one thread; else at most kChunkRows
+// and at least 1, four chunks a thread where the rows allow).
+void cslm_native_plan(size_t count, uint64_t row_ns, unsigned threads, size_t* wanted, size_t* chunk) {
+  size_t w = row_ns ? static_cast<size_t>(count * row_ns / kHelperNs) : count / kRowsPerThread;
+  if (w > threads) w = threads;
+  if (w > count) w = count;
+  const size_t share = count / (4 * (w ? w : 1));
+  *wanted = w;
+  *chunk = w < 2 ? count : share < 1 ? 1 : share < kChunkRows ? share : kChunkRows;
+}
+
 // Scores `count` rows of row_size() uint32 ids (history oldest first, the
 // predicted word last) into logprobs: o_w - ln Z if `normalized`, else o_w; on
 // up to `threads` threads (0 or 1: the caller's alone). Returns 0, or -1 with
@@ -229,13 +244,8 @@ int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int norm
   call->logprobs = logprobs;
   call->next = 0;
   call->done = 0;
-  // threads in all, the caller's among them: one per kHelperNs of the rows'
-  // expected time (per kRowsPerThread rows before a first chunk was timed)
-  const uint64_t row_ns = n->row_ns.load(std::memory_order_relaxed);
-  size_t wanted = row_ns ? static_cast<size_t>(count * row_ns / kHelperNs) : count / kRowsPerThread;
-  if (wanted > threads) wanted = threads;
-  const size_t share = count / (4 * (wanted ? wanted : 1));  // four chunks a thread at least
-  call->chunk = wanted < 2 ? count : share < kChunkRows ? share : kChunkRows;
+  size_t wanted;
+  cslm_native_plan(count, n->row_ns.load(std::memory_order_relaxed), threads, &wanted, &call->chunk);
   const size_t asked = wanted > 1 ? n->Ask(call, wanted - 1) : 0;
   for (size_t k = 0; k < asked; ++k) n->wake.notify_one();
   cslm::LocalModel::Scratch* s = n->Take();
