@@ -52,7 +52,7 @@ const uint64_t kHelperNs = 100000;
 // on while a helper wakes.
 const size_t kChunkRows = 64;
 
-// One cslm_native_score call: its rows, taken kChunkRows at a time.
+// One cslm_native_score call: its rows, taken a chunk at a time (cslm_native_plan).
 struct Call {
   const uint32_t* rows;
   size_t count;
