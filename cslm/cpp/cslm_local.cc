@@ -19,6 +19,7 @@
 // supports is picked at load: a binary built for any x86-64 (as Moses is) uses
 // the vector units the machine has.
 #if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
 #define CSLM_DISPATCH 1
 #define CSLM_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
 #define CSLM_AVX2 __attribute__((target("avx2,fma")))
@@ -220,9 +221,46 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }
 
 CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
+// Packs the nonzeros of a[0..n): their indices to idx, their values to val,
+// in order; returns how many. idx and val hold n entries (a rectified layer
+// is zero about half the time: a zero costs nothing in the sparse product).
+size_t PackBase(size_t n, const float* __restrict a, uint32_t* __restrict idx, float* __restrict val) {
+  size_t nnz = 0;
+  for (size_t i = 0; i < n; ++i) {
+    idx[nnz] = static_cast<uint32_t>(i);
+    val[nnz] = a[i];
+    nnz += a[i] != 0;
+  }
+  return nnz;
+}
 #if CSLM_DISPATCH
 CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8)
 CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16)
+
+// PackBase sixteen at a time with AVX-512's compress (a scalar loop
+// stores every element and moves its index by a data-dependent count): the
+// nonzeros of each sixteen, compressed in registers, stored whole (the store
+// reaches at most 16 entries past nnz <= i, inside idx and val).
+CSLM_AVX512 size_t PackAvx512(size_t n, const float* __restrict a, uint32_t* __restrict idx,
+                                float* __restrict val) {
+  size_t nnz = 0, i = 0;
+  __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(a + i);
+    const __mmask16 m = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_NEQ_UQ);  // a[i] != 0
+    _mm512_storeu_ps(val + nnz, _mm512_maskz_compress_ps(m, v));
+    _mm512_storeu_si512(idx + nnz, _mm512_maskz_compress_epi32(m, ids));
+    nnz += static_cast<size_t>(__builtin_popcount(m));
+    ids = _mm512_add_epi32(ids, sixteen);
+  }
+  for (; i < n; ++i) {
+    idx[nnz] = static_cast<uint32_t>(i);
+    val[nnz] = a[i];
+    nnz += a[i] != 0;
+  }
+  return nnz;
+}
 #endif
 
 struct Kernels {
@@ -231,6 +269,7 @@ struct Kernels {
   void (*add)(size_t, const float*, float*);
   void (*sum_relu)(size_t, const float* const*, size_t, const float*, float*);
   void (*relu)(size_t, float*);
+  size_t (*pack)(size_t, const float*, uint32_t*, float*);
   const char* name;
 };
 
@@ -245,15 +284,15 @@ Kernels PickKernels() {
 #if CSLM_DISPATCH
   __builtin_cpu_init();
   if ((want.empty() || want == "avx512") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
-    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, "avx512"};
+    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, PackAvx512, "avx512"};
     return k;
   }
   if (want != "baseline" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, "avx2"};
+    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, PackBase, "avx2"};
     return k;
   }
 #endif
-  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, ReluBase, "baseline"};
+  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, ReluBase, PackBase, "baseline"};
   return k;
 }
 
@@ -418,12 +457,7 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
     const Layer& L = layers_[l];
     idx.resize(L.in);
     val.resize(L.in);
-    size_t nnz = 0;
-    for (size_t i = 0; i < L.in; ++i) {  // rectified zeros cost nothing: keep the others, packed
-      idx[nnz] = static_cast<uint32_t>(i);
-      val[nnz] = a[i];
-      nnz += a[i] != 0;
-    }
+    const size_t nnz = K().pack(L.in, &a[0], &idx[0], &val[0]);  // rectified zeros cost nothing: the others, packed
     b.resize(L.out);
     K().gemv(&L.wt[0], L.out, &idx[0], &val[0], nnz, &L.bias[0], &b[0]);
     K().relu(L.out, &b[0]);
@@ -463,12 +497,7 @@ float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
   std::vector<float>& val = scratch->a;
   idx.resize(H);
   val.resize(H);
-  size_t nnz = 0;
-  for (size_t k = 0; k < H; ++k) {  // the rectified layer's nonzeros, packed
-    idx[nnz] = static_cast<uint32_t>(k);
-    val[nnz] = h[k];
-    nnz += h[k] != 0;
-  }
+  const size_t nnz = K().pack(H, h, &idx[0], &val[0]);  // the rectified layer's nonzeros, packed
   std::vector<float>& o = scratch->b;
   o.resize(V);
   K().gemv(&out_wt_[0], V, &idx[0], &val[0], nnz, &out_b_[0], &o[0]);  // every o_v = out_v . h + c_v
