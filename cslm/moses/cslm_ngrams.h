@@ -329,6 +329,7 @@ class NgramCache {
     size_ = 0;
   }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
   size_t hits() const { return hits_; }
   size_t misses() const { return misses_; }
 
