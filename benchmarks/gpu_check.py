@@ -21,10 +21,11 @@ Checks, in order (later ones use what earlier ones trained; the CSLM's first, th
   cslm_train    `cslm train --preset paper --self-norm 0.1` (self-normalised, as the pipeline's
                 CSLM) for about 30 s: n-grams/s and the fraction of the matmul rates;
   cslm_server, cslm_server_sn
-                benchmarks/bench_cslm_server.py on that model, exact scores and self-normalised
-                ones (--self-normalized, the mode Moses uses): the engine alone
-                (Engine.score_ids) and through `cslm serve` with 1 and 8 clients
-                (target: through the server >= 0.8 of the engine);
+                benchmarks/bench_cslm_server.py on that model, exact scores (requests of 256
+                n-grams) and self-normalised ones (--self-normalized, the mode Moses uses;
+                requests of 1,024, about a decoder's): the engine alone (Engine.score_ids)
+                and through `cslm serve` with 1 and 8 clients (target: through the server
+                >= 0.8 of the engine);
   cslm_decode   benchmarks/bench_cslm_decode.py with --moses, else skipped: on that paper-size
                 model, in process (CPU) and through the server (buffered, cube pruning,
                 buffer=65536, the run ahead with every feature and on estimated scores with
@@ -118,6 +119,8 @@ class Sizes:
     batch_args: list[str]  # ... and these other options
     score_workers: list[int]  # score_workers: --workers values tried
 
+
+DECODER_REQUEST = 1024  # n-grams a request in the self-normalised server check: about what Moses sends
 
 GPU = Sizes(
     matmul=8192, train_preset="paper", train_lines=200_000,
@@ -671,13 +674,16 @@ class GpuCheck:
         if "cslm_model" not in self.state:
             raise Skip("no CSLM model (cslm_train failed)")
         report_path = os.path.join(self.work, f"cslm_server{'_sn' if self_normalized else ''}.json")
+        # self-normalised, as Moses asks: requests of about a decoder's size (1,072 n-grams a request through
+        # the server, docs/cslm.md); exact: the benchmark's 256
         c.run([sys.executable, str(HERE / "bench_cslm_server.py"), self.state["cslm_model"], self.cslm_text(),
                "--device", self.device, *self.sizes.server_args, "--json", report_path,
-               *(["--self-normalized"] if self_normalized else [])])
+               *(["--self-normalized", "--request", str(DECODER_REQUEST)] if self_normalized else [])])
         with open(report_path, encoding="utf-8") as f:
             rep = json.load(f)
         many = max(int(k.split("_")[1]) for k in rep if re.fullmatch(r"server_\d+_clients_ngrams_per_s", k))
-        return {"scores": rep["scores"], "engine_ngrams_per_s": rep["in_process_ngrams_per_s"],
+        return {"scores": rep["scores"], "request_ngrams": rep["request_ngrams"],
+                "engine_ngrams_per_s": rep["in_process_ngrams_per_s"],
                 "server_1_client_ngrams_per_s": rep["server_1_clients_ngrams_per_s"],
                 f"server_{many}_clients_ngrams_per_s": rep[f"server_{many}_clients_ngrams_per_s"],
                 "server_1_client_vs_engine": rep["server_1_clients_vs_in_process"],

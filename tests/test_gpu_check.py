@@ -53,6 +53,9 @@ def test_dry_run_writes_every_check(tmp_path):
         for t in c["targets"]:
             assert t["figure"] in c["figures"], (name, t)
     assert checks["cslm_decode"]["status"] == "skipped" and "--moses" in checks["cslm_decode"]["error"]
+    # the self-normalised server check asks with a decoder's request size, the exact one with the benchmark's
+    assert checks["cslm_server_sn"]["figures"]["request_ngrams"] == gpu_check.DECODER_REQUEST
+    assert checks["cslm_server"]["figures"]["request_ngrams"] == 256
     assert checks["score_sharded"]["figures"]["identical_to_unsharded"] is True
     assert checks["score_fp32"]["figures"]["processes"] >= 1  # the default's, which score_workers compares with
     assert checks["score_workers"]["figures"]["identical_to_default"] is True
