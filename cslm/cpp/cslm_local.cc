@@ -237,12 +237,13 @@ size_t PackBase(size_t n, const float* __restrict a, uint32_t* __restrict idx, f
 CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8)
 CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16)
 
-// PackBase sixteen at a time with AVX-512's compress (a scalar loop
+// PackBase sixteen at a time with AVX-512's compress (the scalar loop
 // stores every element and moves its index by a data-dependent count): the
 // nonzeros of each sixteen, compressed in registers, stored whole (the store
-// reaches at most 16 entries past nnz <= i, inside idx and val).
+// reaches at most 16 entries past nnz <= i, inside idx and val); the last
+// n % 16 one by one.
 CSLM_AVX512 size_t PackAvx512(size_t n, const float* __restrict a, uint32_t* __restrict idx,
-                                float* __restrict val) {
+                              float* __restrict val) {
   size_t nnz = 0, i = 0;
   __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i sixteen = _mm512_set1_epi32(16);
