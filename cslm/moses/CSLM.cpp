@@ -424,13 +424,8 @@ void CSLM::ScoreQueued() const {
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
   if (m_buffer) CSLMBuffer::EndSentence();
-  // Between sentences, a cache more than half full is emptied, so that the
-  // next sentence's answers seldom meet an emptying halfway, which would lose
-  // what its earlier stacks were answered (the run ahead then guesses those
-  // again, and its search leaves what was asked more often).
-  td.cache.make_room(td.cache.capacity() / 2);
   EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "n-grams", td.session.get(),
-              &td.hits);
+              &td.cache, &td.hits);
 }
 
 FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

@@ -233,7 +233,8 @@ FFState* NNJM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
 
 void NNJM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
-  EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "rows", td.session.get(), &td.hits);
+  EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "rows", td.session.get(),
+              &td.cache, &td.hits);
 }
 
 FFState* NNJM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,
