@@ -221,17 +221,23 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }
 
 CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
-// Packs the nonzeros of a[0..n): their indices to idx, their values to val,
-// in order; returns how many. idx and val hold n entries (a rectified layer
-// is zero about half the time: a zero costs nothing in the sparse product).
-size_t PackBase(size_t n, const float* __restrict a, uint32_t* __restrict idx, float* __restrict val) {
+// Packs the nonzeros of a[begin..end): their indices to idx, their values to
+// val, in order; returns how many. idx and val hold end - begin entries (a
+// rectified layer is zero about half the time: a zero costs nothing in the
+// sparse product).
+size_t PackRange(size_t begin, size_t end, const float* __restrict a, uint32_t* __restrict idx,
+                 float* __restrict val) {
   size_t nnz = 0;
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = begin; i < end; ++i) {
     idx[nnz] = static_cast<uint32_t>(i);
     val[nnz] = a[i];
     nnz += a[i] != 0;
   }
   return nnz;
+}
+
+size_t PackBase(size_t n, const float* __restrict a, uint32_t* __restrict idx, float* __restrict val) {
+  return PackRange(0, n, a, idx, val);
 }
 #if CSLM_DISPATCH
 CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8)
@@ -255,12 +261,7 @@ CSLM_AVX512 size_t PackAvx512(size_t n, const float* __restrict a, uint32_t* __r
     nnz += static_cast<size_t>(__builtin_popcount(m));
     ids = _mm512_add_epi32(ids, sixteen);
   }
-  for (; i < n; ++i) {
-    idx[nnz] = static_cast<uint32_t>(i);
-    val[nnz] = a[i];
-    nnz += a[i] != 0;
-  }
-  return nnz;
+  return nnz + PackRange(i, n, a, idx + nnz, val + nnz);
 }
 #endif
 
