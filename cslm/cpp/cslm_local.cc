@@ -94,7 +94,7 @@ class SafeTensors {
     return FindTensor(header_, name, &t, path_);
   }
   // Copies tensor `name` (float32, `dims` dimensions) into out; returns its shape.
-  std::vector<size_t> Get(const std::string& name, size_t dims, std::vector<float>* out) const {
+  std::vector<size_t> Get(const std::string& name, size_t dims, Floats* out) const {
     TensorInfo t;
     if (!FindTensor(header_, name, &t, path_)) throw Fail(path_, "no tensor " + name);
     if (t.dtype != "F32") throw Fail(path_, name + " is " + t.dtype + ", expected F32");
@@ -373,7 +373,7 @@ LocalModel::LocalModel(const std::string& dir)
   const size_t V = words_.size(), C = order_ - 1, M = window_, Vs = src_words_.size();
 
   SafeTensors st(st_path);
-  std::vector<float> embed, src_embed, w1;
+  Floats embed, src_embed, w1;
   std::vector<size_t> s = st.Get("embed.weight", 2, &embed);
   if (s[0] != V) {
     std::ostringstream m;
@@ -421,7 +421,7 @@ LocalModel::LocalModel(const std::string& dir)
   size_t in = h1_;
   for (size_t k = 1; st.Has("hidden." + std::to_string(k) + ".weight"); ++k) {
     Layer L;
-    std::vector<float> w;
+    Floats w;
     s = st.Get("hidden." + std::to_string(k) + ".weight", 2, &w);
     if (s[1] != in) throw Fail(st_path, "hidden layer sizes do not chain");
     L.in = s[1];
@@ -449,11 +449,11 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
   for (size_t p = 0; p < C; ++p) rows[p] = &table_[(p * V + history[p]) * h1_];
   size_t k = C;
   if (window_) rows[k++] = SourceSum(history + C, scratch);
-  std::vector<float>& a = scratch->a;
+  Floats& a = scratch->a;
   a.resize(h1_);
   K().sum_relu(h1_, rows, k, &b1_[0], &a[0]);  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
-  std::vector<float>& b = scratch->b;
-  std::vector<float>& val = scratch->val;
+  Floats& b = scratch->b;
+  Floats& val = scratch->val;
   std::vector<uint32_t>& idx = scratch->idx;
   for (size_t l = 0; l < layers_.size(); ++l) {  // h_k = relu(W_k h_{k-1} + b_k)
     const Layer& L = layers_[l];
@@ -496,11 +496,11 @@ float LocalModel::Activation(const float* h, uint32_t word) const {
 float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
   const size_t V = words_.size(), H = hidden_size();
   std::vector<uint32_t>& idx = scratch->idx;
-  std::vector<float>& val = scratch->a;
+  Floats& val = scratch->a;
   idx.resize(H);
   val.resize(H);
   const size_t nnz = K().pack(H, h, &idx[0], &val[0]);  // the rectified layer's nonzeros, packed
-  std::vector<float>& o = scratch->b;
+  Floats& o = scratch->b;
   o.resize(V);
   K().gemv(&out_wt_[0], V, &idx[0], &val[0], nnz, &out_b_[0], &o[0]);  // every o_v = out_v . h + c_v
   const float top = *std::max_element(o.begin(), o.end());
