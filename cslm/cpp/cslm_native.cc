@@ -14,10 +14,10 @@
 // A call of many rows is scored by the caller's thread and up to `threads` - 1
 // helper threads (one per 0.1 ms of the rows' work, as the last calls were
 // timed), kept waiting between calls. They take the rows a few at a time (at
-// most kChunkRows, four chunks a thread at least) as each is free, not in
-// fixed shares: on cores the decoder also uses, a thread that gets no core
-// for a while takes fewer rows, and the caller never waits for a helper that
-// has taken none.
+// most kChunkRows, four chunks a thread at least, and fewer as the call's end
+// nears) as each is free, not in fixed shares: on cores the decoder also
+// uses, a thread that gets no core for a while takes fewer rows, and the
+// caller never waits for a helper that has taken none.
 // Calls may come from several threads at once. Every thread has a working
 // memory of its own (LocalModel::Scratch), and all share one cache of last
 // hidden layers (SharedHiddenCache), so that a history one thread computed is
@@ -60,6 +60,7 @@ struct Call {
   bool normalized;
   float* logprobs;
   size_t chunk;              // rows a thread takes at once: at most kChunkRows, or all of them with no helper
+  size_t threads;            // threads asked to score it, the caller's among them
   std::atomic<size_t> next;  // the first row no thread has taken
   std::atomic<size_t> done;  // rows scored (or failed)
   std::mutex mutex;
@@ -116,11 +117,28 @@ struct Native {
     idle.push_back(s);
   }
 
+  // Takes the next rows of `call` for this thread, [*begin, *end); false when
+  // none is left. A chunk at most, and no more than what is left shared out
+  // over twice the call's threads: the last chunks are a few rows, so that
+  // the threads finish together instead of one scoring a whole chunk alone.
+  static bool NextRows(Call* call, size_t* begin, size_t* end) {
+    size_t b = call->next.load();
+    for (;;) {
+      if (b >= call->count) return false;
+      const size_t left = call->count - b, fair = left / (2 * call->threads);
+      const size_t take = call->threads < 2 ? left : fair < 1 ? 1 : fair < call->chunk ? fair : call->chunk;
+      if (call->next.compare_exchange_weak(b, b + take)) {
+        *begin = b;
+        *end = b + take;
+        return true;
+      }
+    }
+  }
+
   // Scores chunks of `call` until none is left untaken.
   void Work(Call* call, cslm::LocalModel::Scratch* s) {
-    size_t begin;
-    while ((begin = call->next.fetch_add(call->chunk)) < call->count) {
-      const size_t end = begin + call->chunk < call->count ? begin + call->chunk : call->count;
+    size_t begin, end;
+    while (NextRows(call, &begin, &end)) {
       const std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
       try {
         model.Score(call->rows + begin * call->width, end - begin, call->normalized, call->logprobs + begin, s);
@@ -246,6 +264,7 @@ int cslm_native_score(void* handle, const uint32_t* rows, size_t count, int norm
   call->done = 0;
   size_t wanted;
   cslm_native_plan(count, n->row_ns.load(std::memory_order_relaxed), threads, &wanted, &call->chunk);
+  call->threads = wanted > 1 ? wanted : 1;
   const size_t asked = wanted > 1 ? n->Ask(call, wanted - 1) : 0;
   for (size_t k = 0; k < asked; ++k) n->wake.notify_one();
   cslm::LocalModel::Scratch* s = n->Take();
