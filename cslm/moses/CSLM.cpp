@@ -34,18 +34,17 @@ bool CSLMState::operator==(const FFState& other) const {
 }
 
 struct CSLM::ThreadData {
-  ThreadData(cslm::Backend::Session* s, size_t cache_size, size_t buffer,
+  ThreadData(cslm::Backend::Session* s, size_t cache_size,
              const boost::unordered_map<std::string, uint32_t>& vocab, uint32_t unk)
-      : session(s), cache(cache_size), ids(vocab, unk), queued_set(buffer + 1), hits(0), run_ahead(false),
-        run_ahead_misses(0) {}
+      : session(s), cache(cache_size), ids(vocab, unk), hits(0), run_ahead(false), run_ahead_misses(0) {}
   boost::scoped_ptr<cslm::Backend::Session> session;  // evaluates, in process or through a server
-  cslm::NgramCache cache;
+  cslm::NgramCache cache;                  // answers, and the queued n-grams as pending
   FactorIds ids;                           // this thread's word -> id memo
-  std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request
-  cslm::NgramCache queued_set;             // ... each once
+  std::vector<uint32_t> queued;            // the buffer: n-grams awaiting one request, each once (pending in the cache)
   std::vector<uint32_t> phrase_ids, ngrams, next;  // EvaluateWhenApplied's working memory
   std::vector<uint32_t> queue_ids, queue_ngrams, queue_next;  // QueueNgrams's
   std::vector<float> lp, scores;
+  std::vector<uint8_t> flags;              // ScoreQueued's
   size_t hits;                             // this sentence's cache hits (stats=1)
   bool run_ahead;                          // RunAhead(true): nothing is asked, unknown n-grams are queued
   size_t run_ahead_misses;                 // ... and counted
@@ -213,7 +212,7 @@ void CSLM::Load(AllOptions::ptr const& opts) {
 CSLM::ThreadData& CSLM::ThisThread() const {
   ThreadData* td = m_local.get();
   if (!td) {
-    td = new ThreadData(m_backend->NewSession(), m_opt.cache_size, m_buffer, m_vocab, m_unk);
+    td = new ThreadData(m_backend->NewSession(), m_opt.cache_size, m_vocab, m_unk);
     m_local.reset(td);
   }
   return *td;
@@ -353,13 +352,14 @@ float CSLM::RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, siz
     const uint32_t* g = &ngrams[i * m_order];
     float v;
     uint8_t fl;
-    if (td.cache.find(g, m_order, &v, &fl)) {
+    const cslm::NgramCache::Mark m = td.cache.mark(g, m_order, &v, &fl);
+    if (m == cslm::NgramCache::kAnswered) {
       sum += v;
     } else {
       // before the thread's first answer, -5: a guess that only orders the first stack's first round
       sum += td.provisional.estimate(g, m_order, -5.0f);
       ++td.run_ahead_misses;
-      QueueOne(td, g);
+      if (m == cslm::NgramCache::kMarked) td.queued.insert(td.queued.end(), g, g + m_order);
     }
   }
   return sum;
@@ -372,21 +372,15 @@ size_t CSLM::QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, con
   ngrams.clear();
   PhraseIds(td, phrase, &ids);
   const size_t count = cslm::boundary_ngrams(state, ids, complete, m_order, m_bos, m_eos, &ngrams, &td.queue_next);
-  for (size_t i = 0; i < count; ++i) {
-    const uint32_t* g = &ngrams[i * m_order];
-    float lp;
-    uint8_t fl;
-    if (!td.cache.find(g, m_order, &lp, &fl)) QueueOne(td, g);
-  }
+  for (size_t i = 0; i < count; ++i) QueueOne(td, &ngrams[i * m_order]);
   return td.queued.size() / m_order;
 }
 
 void CSLM::QueueOne(ThreadData& td, const uint32_t* ngram) const {
   float lp;
   uint8_t fl;
-  if (td.queued_set.find(ngram, m_order, &lp, &fl)) return;  // queued already
-  td.queued_set.insert(ngram, m_order, 0.0f, 0);
-  td.queued.insert(td.queued.end(), ngram, ngram + m_order);
+  if (td.cache.mark(ngram, m_order, &lp, &fl) == cslm::NgramCache::kMarked)
+    td.queued.insert(td.queued.end(), ngram, ngram + m_order);
 }
 
 size_t CSLM::Queue(const Hypothesis& hypo) const {
@@ -408,24 +402,25 @@ size_t CSLM::RunAheadMisses() const { return ThisThread().run_ahead_misses; }
 void CSLM::ScoreQueued() const {
   ThreadData& td = ThisThread();
   const size_t count = td.queued.size() / m_order;
-  td.cache.make_room(count);  // every value stays until the held hypotheses are evaluated
+  td.cache.make_room(count);  // every value stays until the held hypotheses are evaluated (answers pending entries)
+  std::vector<float>& lp = td.lp;
+  std::vector<uint8_t>& fl = td.flags;
   for (size_t at = 0; at < count; at += m_buffer) {
     const size_t n = std::min(m_buffer, count - at);
-    std::vector<float> lp(n);
-    std::vector<uint8_t> fl(n);
+    lp.resize(n);
+    fl.resize(n);
     Evaluate(td, &td.queued[at * m_order], n, &lp[0], &fl[0]);
     for (size_t k = 0; k < n; ++k) td.cache.insert(&td.queued[(at + k) * m_order], m_order, lp[k], fl[k]);
     for (size_t k = 0; k < n; ++k) td.provisional.add(&td.queued[(at + k) * m_order], m_order, lp[k]);
   }
   td.queued.clear();
-  td.queued_set.clear();
 }
 
 void CSLM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
   if (m_buffer) CSLMBuffer::EndSentence();
   EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "n-grams", td.session.get(),
-              &td.cache, &td.hits);
+              &td.cache, &td.hits, m_buffer > 0);
 }
 
 FFState* CSLM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

@@ -153,7 +153,8 @@ class CSLM : public StatefulFeatureFunction {
   // Queues the boundary n-grams of `phrase` after `state` that neither the
   // cache nor the queue holds; returns the queue's length.
   size_t QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase, bool complete) const;
-  // Adds one n-gram (m_order ids) to the queue unless it is queued already.
+  // Adds one n-gram (m_order ids) to the queue unless the cache has it,
+  // answered or pending (queued already); it becomes pending.
   void QueueOne(ThreadData& td, const uint32_t* ngram) const;
   // The run ahead's sum of the first `count` n-grams' log-probabilities: the
   // cache's values, and for each n-gram it lacks the provisional value (the

@@ -123,14 +123,17 @@ void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Ba
 }
 
 void EndSentence(const std::string& who, long sentence, bool stats, const char* rows, cslm::Backend::Session* session,
-                 cslm::NgramCache* cache, size_t* hits) {
+                 cslm::NgramCache* cache, size_t* hits, bool forget) {
   if (stats)
     std::cerr << who << ": sentence " << sentence << ": requests " << session->requests << ", " << rows
               << " evaluated " << session->evaluated << ", cache hits " << *hits << ", hidden layers computed "
               << session->HiddenComputed() << std::endl;
   session->ResetCounters();
   *hits = 0;
-  cache->make_room(cache->capacity() / 2);
+  if (forget)
+    cache->clear();
+  else
+    cache->make_room(cache->capacity() / 2);
 }
 
 }  // namespace Moses

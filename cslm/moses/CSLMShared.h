@@ -101,11 +101,14 @@ void ScoreThroughCache(const std::string& who, cslm::NgramCache* cache, cslm::Ba
 
 // The end of a sentence in one thread: with `stats`, one line on stderr (requests,
 // `rows` evaluated, cache hits, hidden layers computed); then the session's
-// counters and *hits start again from 0, and a cache more than half full is
-// emptied, so that the next sentence seldom meets an emptying halfway (which
-// would lose what its earlier stacks were answered: a server asked again, the
-// buffer's run ahead guessing them again).
+// counters and *hits start again from 0. With `forget` (the buffer: a
+// sentence's n-grams are asked for a stack at a time, and another sentence's
+// save a few percent of them) the cache is emptied, so that it stays as small
+// as one sentence needs and its look-ups hit the processor's caches; else a
+// cache more than half full is emptied, so that the next sentence seldom
+// meets an emptying halfway (which would lose what its earlier stacks were
+// answered: a server asked again, the buffer's run ahead guessing them again).
 void EndSentence(const std::string& who, long sentence, bool stats, const char* rows, cslm::Backend::Session* session,
-                 cslm::NgramCache* cache, size_t* hits);
+                 cslm::NgramCache* cache, size_t* hits, bool forget);
 
 }  // namespace Moses

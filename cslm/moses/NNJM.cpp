@@ -234,7 +234,7 @@ FFState* NNJM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
 void NNJM::CleanUpAfterSentenceProcessing(const InputType& source) {
   ThreadData& td = ThisThread();
   EndSentence(GetScoreProducerDescription(), source.GetTranslationId(), m_opt.stats, "rows", td.session.get(),
-              &td.cache, &td.hits);
+              &td.cache, &td.hits, false);
 }
 
 FFState* NNJM::EvaluateWhenApplied(const ChartHypothesis& /*hypo*/, int /*featureID*/,

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <queue>
 #include <type_traits>
 #include <unordered_set>
@@ -97,23 +98,31 @@ inline size_t estimate_ngrams(const std::vector<uint32_t>& phrase, unsigned orde
 
 // Boundary n-grams of a phrase applied after `state` (at most order-1 ids, the
 // sentence start being <s>), plus the </s> n-gram if `complete`. Writes the new
-// state to `next_state`. Returns the number of n-grams appended.
+// state to `next_state` (not `state` itself). Returns the number of n-grams appended. Reads state
+// and phrase in place as one sequence (no allocation: a decoder calls it for
+// every hypothesis and every expansion it asks ahead for).
 inline size_t boundary_ngrams(const std::vector<uint32_t>& state, const std::vector<uint32_t>& phrase, bool complete,
                               unsigned order, uint32_t bos, uint32_t eos, std::vector<uint32_t>* out,
                               std::vector<uint32_t>* next_state) {
-  std::vector<uint32_t> seq(state);
-  seq.insert(seq.end(), phrase.begin(), phrase.end());
-  const size_t first = state.size();
-  const size_t boundary = phrase.size() < order - 1 ? phrase.size() : order - 1;
-  size_t count = 0;
-  for (size_t k = 0; k < boundary; ++k, ++count) append_ngram(&seq[0], first + k, seq[first + k], order, bos, out);
-  if (complete) {
-    append_ngram(seq.empty() ? 0 : &seq[0], seq.size(), eos, order, bos, out);
-    ++count;
-  }
-  const size_t keep = seq.size() < order - 1 ? seq.size() : order - 1;
-  next_state->assign(seq.end() - keep, seq.end());
-  return count;
+  const size_t first = state.size(), total = first + phrase.size(), h = order - 1;
+  // word i of state + phrase
+  struct Seq {
+    const std::vector<uint32_t>& state;
+    const std::vector<uint32_t>& phrase;
+    uint32_t operator()(size_t i) const { return i < state.size() ? state[i] : phrase[i - state.size()]; }
+  } seq = {state, phrase};
+  // the n-gram of `word` after the words before position `at`, as append_ngram writes it
+  const auto append = [&](size_t at, uint32_t word) {
+    for (size_t i = 0; i < h; ++i) out->push_back(h - i <= at ? seq(at - (h - i)) : bos);
+    out->push_back(word);
+  };
+  const size_t boundary = phrase.size() < h ? phrase.size() : h;
+  for (size_t k = 0; k < boundary; ++k) append(first + k, phrase[k]);
+  if (complete) append(total, eos);
+  const size_t keep = total < h ? total : h;
+  next_state->resize(keep);
+  for (size_t i = 0; i < keep; ++i) (*next_state)[i] = seq(total - keep + i);
+  return boundary + (complete ? 1 : 0);
 }
 
 // Cube pruning's likely next expansions (CSLMBuffer.h): the cells (x+i, y+j)
@@ -280,44 +289,72 @@ inline size_t default_cache_size(bool in_process, bool self_normalized, size_t h
 // A bounded map from n-gram to (log-probability, flags). When it holds
 // `capacity` entries it is emptied: simple, and cheap enough for one
 // decoder thread (the hot n-grams come back within a sentence).
-// Open addressing over flat arrays (linear probing, at most half full): a
-// lookup hashes the ids and compares them in place, with no allocation.
+// Open addressing (linear probing, at most half full) over one flat array of
+// slots, each [tag, value, id 0 .. id order-1] in 4-byte words: a lookup
+// hashes the ids and reads one slot in place (one or two cache lines), with
+// no allocation. A slot is in use when its tag holds the table's current
+// generation (tag = generation << 9 | pending << 8 | flags), so emptying the
+// table is a new generation, not a pass over it. The table starts small and
+// doubles as it fills, up to the size `capacity` needs.
+// An entry may be pending: asked for and not yet answered (the decoder's
+// buffer, mark); find() does not see it, and insert() answers it.
 class NgramCache {
  public:
   explicit NgramCache(size_t capacity = 1000000)
-      : capacity_(capacity), order_(0), mask_(0), size_(0), hits_(0), misses_(0) {}
+      : capacity_(capacity), order_(0), stride_(0), mask_(0), size_(0), generation_(1), hits_(0), misses_(0) {}
 
+  // True, with its value and flags, if the n-gram is in the cache and answered.
   bool find(const uint32_t* ids, unsigned order, float* logprob, uint8_t* flags) {
-    if (size_ == 0 || order != order_) {
-      ++misses_;
-      return false;
-    }
-    size_t slot = hash(ids, order) & mask_;
-    while (used_[slot]) {
-      if (same(slot, ids)) {
-        ++hits_;
-        *logprob = values_[slot];
-        *flags = flags_[slot];
-        return true;
+    if (size_ != 0 && order == order_) {
+      for (size_t slot = hash(ids, order) & mask_;; slot = (slot + 1) & mask_) {
+        const uint32_t* s = &slots_[slot * stride_];
+        if ((s[0] >> 9) != generation_) break;  // an empty slot ends the probe
+        if (same(ids, s + 2, order)) {
+          if (s[0] & kPendingBit) break;
+          ++hits_;
+          std::memcpy(logprob, &s[1], sizeof(float));
+          *flags = static_cast<uint8_t>(s[0] & 0xff);
+          return true;
+        }
       }
-      slot = (slot + 1) & mask_;
     }
     ++misses_;
     return false;
   }
-  void insert(const uint32_t* ids, unsigned order, float logprob, uint8_t flags) {
-    if (capacity_ == 0) return;
-    if (order != order_ || keys_.empty()) allocate(order);
-    if (size_ >= capacity_) clear();
-    size_t slot = hash(ids, order) & mask_;
-    while (used_[slot] && !same(slot, ids)) slot = (slot + 1) & mask_;
-    if (!used_[slot]) {
-      used_[slot] = 1;
-      std::copy(ids, ids + order, &keys_[slot * order]);
-      ++size_;
+  // find(), and an n-gram it lacks becomes pending: kAnswered (value and flags
+  // set), kPending (marked before), or kMarked (marked now: the caller asks for
+  // it; always so when the capacity is 0).
+  enum Mark { kAnswered, kPending, kMarked };
+  Mark mark(const uint32_t* ids, unsigned order, float* logprob, uint8_t* flags) {
+    if (capacity_ == 0) {
+      ++misses_;
+      return kMarked;
     }
-    values_[slot] = logprob;
-    flags_[slot] = flags;
+    uint32_t* s = reserve(ids, order);
+    if ((s[0] >> 9) == generation_) {
+      if (s[0] & kPendingBit) {
+        ++misses_;
+        return kPending;
+      }
+      ++hits_;
+      std::memcpy(logprob, &s[1], sizeof(float));
+      *flags = static_cast<uint8_t>(s[0] & 0xff);
+      return kAnswered;
+    }
+    ++misses_;
+    add(s, ids, kPendingBit);
+    return kMarked;
+  }
+  // Sets the n-gram's value (answering it if pending); returns true if it was
+  // not in the cache.
+  bool insert(const uint32_t* ids, unsigned order, float logprob, uint8_t flags) {
+    if (capacity_ == 0) return true;
+    uint32_t* s = reserve(ids, order);
+    const bool added = (s[0] >> 9) != generation_;
+    if (added) add(s, ids, 0);
+    std::memcpy(&s[1], &logprob, sizeof(float));
+    s[0] = generation_ << 9 | flags;
+    return added;
   }
   // Empties the cache if `n` more entries would not fit, so that the next n
   // inserts all stay.
@@ -325,8 +362,11 @@ class NgramCache {
     if (size_ + n > capacity_) clear();
   }
   void clear() {
-    if (size_) std::fill(used_.begin(), used_.end(), 0);
+    if (!size_) return;
     size_ = 0;
+    if (++generation_ < kGenerations) return;
+    generation_ = 1;  // every tag may hold an old generation: mark every slot free
+    for (size_t slot = 0; slot <= mask_; ++slot) slots_[slot * stride_] = 0;
   }
   size_t size() const { return size_; }
   size_t capacity() const { return capacity_; }
@@ -334,36 +374,82 @@ class NgramCache {
   size_t misses() const { return misses_; }
 
  private:
+  static const size_t kFirstSlots = 4096;
+  static const uint32_t kPendingBit = 1u << 8;
+  static const uint32_t kGenerations = 1u << 23;  // a tag's generation has 23 bits; 0 is never current
+
   static size_t hash(const uint32_t* ids, unsigned order) {
     uint64_t h = 1469598103934665603ull;  // FNV-1a over the ids, then a final mix
     for (unsigned i = 0; i < order; ++i) h = (h ^ ids[i]) * 1099511628211ull;
     return static_cast<size_t>(h ^ (h >> 29));
   }
-  bool same(size_t slot, const uint32_t* ids) const {
-    const uint32_t* key = &keys_[slot * order_];
-    for (unsigned i = 0; i < order_; ++i)
-      if (key[i] != ids[i]) return false;
+  // An inline loop: std::equal becomes a call to memcmp, slower for a few ids.
+  static bool same(const uint32_t* a, const uint32_t* b, unsigned n) {
+    for (unsigned i = 0; i < n; ++i)
+      if (a[i] != b[i]) return false;
     return true;
   }
-  void allocate(unsigned order) {
+  // The table's largest size: a power of two, at least twice the capacity.
+  size_t max_slots() const {
     size_t slots = 2;
-    while (slots < 2 * capacity_) slots <<= 1;  // at most half full
+    while (slots < 2 * capacity_) slots <<= 1;
+    return slots;
+  }
+  // The slot holding `ids`, or the empty slot where they go.
+  uint32_t* probe(const uint32_t* ids) {
+    for (size_t slot = hash(ids, order_) & mask_;; slot = (slot + 1) & mask_) {
+      uint32_t* s = &slots_[slot * stride_];
+      if ((s[0] >> 9) != generation_ || same(ids, s + 2, order_)) return s;
+    }
+  }
+  // probe(), with room made first for one more entry (the table allocated,
+  // emptied when full, grown when half full).
+  uint32_t* reserve(const uint32_t* ids, unsigned order) {
+    if (order != order_ || slots_.empty()) allocate(order, std::min(kFirstSlots, max_slots()));
+    if (size_ >= capacity_) clear();
+    if (2 * (size_ + 1) > mask_ + 1) grow();
+    return probe(ids);
+  }
+  // Fills the empty slot `s` with `ids` (tag: this generation, `bits`).
+  void add(uint32_t* s, const uint32_t* ids, uint32_t bits) {
+    std::copy(ids, ids + order_, s + 2);
+    s[0] = generation_ << 9 | bits;
+    ++size_;
+  }
+  void allocate(unsigned order, size_t slots) {
     order_ = order;
+    stride_ = order + 2;
     mask_ = slots - 1;
-    keys_.assign(slots * order, 0);
-    values_.assign(slots, 0.0f);
-    flags_.assign(slots, 0);
-    used_.assign(slots, 0);
+    slots_.assign(slots * stride_, 0);
     size_ = 0;
+    generation_ = 1;
+  }
+  // Doubles the table (at most half full), unless it is as large as the
+  // capacity needs; the entries move to the new one.
+  void grow() {
+    if (mask_ + 1 >= max_slots()) return;
+    std::vector<uint32_t> old;
+    old.swap(slots_);
+    const uint32_t generation = generation_;
+    const size_t old_slots = mask_ + 1, stride = stride_;
+    allocate(order_, 2 * old_slots);
+    for (size_t slot = 0; slot < old_slots; ++slot) {
+      const uint32_t* s = &old[slot * stride];
+      if ((s[0] >> 9) != generation) continue;
+      uint32_t* t = probe(s + 2);
+      std::copy(s, s + stride, t);
+      t[0] = generation_ << 9 | (s[0] & 0x1ff);
+      ++size_;
+    }
   }
 
   size_t capacity_;
   unsigned order_;
+  size_t stride_;  // 4-byte words a slot: order + 2
   size_t mask_, size_;
+  uint32_t generation_;
   size_t hits_, misses_;
-  std::vector<uint32_t> keys_;
-  std::vector<float> values_;
-  std::vector<uint8_t> flags_, used_;
+  std::vector<uint32_t> slots_;
 };
 
 }  // namespace cslm

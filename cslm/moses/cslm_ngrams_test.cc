@@ -120,6 +120,52 @@ int main() {
     }
     CHECK(all);
   }
+  {
+    // pending n-grams: marked once, unseen by find, answered by insert
+    cslm::NgramCache pend(10);
+    const uint32_t a[] = {1, 2, 3}, b[] = {2, 3, 4};
+    pend.insert(a, 3, -1.0f, 1);
+    CHECK(pend.mark(a, 3, &lp, &fl) == cslm::NgramCache::kAnswered && lp == -1.0f && fl == 1);
+    CHECK(pend.mark(b, 3, &lp, &fl) == cslm::NgramCache::kMarked && pend.size() == 2);
+    CHECK(pend.mark(b, 3, &lp, &fl) == cslm::NgramCache::kPending && !pend.find(b, 3, &lp, &fl));
+    CHECK(!pend.insert(b, 3, -2.0f, 2) && pend.find(b, 3, &lp, &fl) && lp == -2.0f && fl == 2 && pend.size() == 2);
+    CHECK(pend.mark(b, 3, &lp, &fl) == cslm::NgramCache::kAnswered && lp == -2.0f);
+    cslm::NgramCache none(0);  // no room: every n-gram is asked for
+    CHECK(none.mark(a, 3, &lp, &fl) == cslm::NgramCache::kMarked && none.mark(a, 3, &lp, &fl) == cslm::NgramCache::kMarked);
+  }
+  {
+    // a table that doubles as it fills: every entry found after each growth,
+    // none after emptying; the value of an n-gram inserted twice replaced
+    cslm::NgramCache big(100000);
+    bool all = true;
+    for (uint32_t i = 0; i < 50000; ++i) {
+      const uint32_t g[] = {i % 97, i, 3, 9};
+      all = all && big.insert(g, 4, -static_cast<float>(i), static_cast<uint8_t>(i & 0xff));
+    }
+    const uint32_t again[] = {5, 5, 3, 9};
+    all = all && !big.insert(again, 4, 1.0f, 7) && big.size() == 50000;
+    for (uint32_t i = 0; i < 50000; ++i) {
+      const uint32_t g[] = {i % 97, i, 3, 9};
+      all = all && big.find(g, 4, &lp, &fl) && lp == (i == 5 ? 1.0f : -static_cast<float>(i)) &&
+            fl == (i == 5 ? 7 : (i & 0xff));
+    }
+    big.clear();
+    for (uint32_t i = 0; i < 50000; ++i) {
+      const uint32_t g[] = {i % 97, i, 3, 9};
+      all = all && !big.find(g, 4, &lp, &fl);
+    }
+    CHECK(all && big.size() == 0);
+    // emptied more times than a slot's tag counts generations: old entries stay gone
+    const uint32_t a[] = {1, 2, 3, 4}, b[] = {4, 3, 2, 1};
+    big.insert(a, 4, -1.0f, 0);
+    for (uint32_t i = 0; i < (1u << 24); ++i) {
+      big.insert(b, 4, -2.0f, 0);
+      big.clear();
+    }
+    CHECK(!big.find(a, 4, &lp, &fl) && !big.find(b, 4, &lp, &fl));
+    big.insert(b, 4, -3.0f, 1);
+    CHECK(big.find(b, 4, &lp, &fl) && lp == -3.0f && fl == 1 && big.size() == 1);
+  }
 
   // the cache's default size: small only in process, self-normalised, with a history cache, unbuffered
   CHECK(cslm::default_cache_size(true, true, 16384, 0) == 4096);
