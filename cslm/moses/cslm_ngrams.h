@@ -30,7 +30,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <queue>
 #include <type_traits>
 #include <unordered_set>
@@ -290,30 +289,33 @@ inline size_t default_cache_size(bool in_process, bool self_normalized, size_t h
 // `capacity` entries it is emptied: simple, and cheap enough for one
 // decoder thread (the hot n-grams come back within a sentence).
 // Open addressing (linear probing, at most half full) over one flat array of
-// slots, each [tag, value, id 0 .. id order-1] in 4-byte words: a lookup
-// hashes the ids and reads one slot in place (one or two cache lines), with
-// no allocation. A slot is in use when its tag holds the table's current
-// generation (tag = generation << 9 | pending << 8 | flags), so emptying the
-// table is a new generation, not a pass over it. The table starts small and
-// doubles as it fills, up to the size `capacity` needs.
+// 16-byte slots, four to a cache line: a lookup hashes the ids and reads one
+// slot in place, with no allocation. A slot keeps a 64-bit hash of the
+// n-gram (its order and ids), not the ids, as KenLM's probing tables do: two
+// n-grams in the cache at once share a hash with a probability of about
+// n^2 / 2^65 (3e-10 for 100,000). A slot is in use when its tag holds the
+// table's current generation (tag = generation << 9 | pending << 8 | flags),
+// so emptying the table is a new generation, not a pass over it. The table
+// starts small and doubles as it fills, up to the size `capacity` needs.
 // An entry may be pending: asked for and not yet answered (the decoder's
 // buffer, mark); find() does not see it, and insert() answers it.
 class NgramCache {
  public:
   explicit NgramCache(size_t capacity = 1000000)
-      : capacity_(capacity), order_(0), stride_(0), mask_(0), size_(0), generation_(1), hits_(0), misses_(0) {}
+      : capacity_(capacity), mask_(0), size_(0), generation_(1), hits_(0), misses_(0) {}
 
   // True, with its value and flags, if the n-gram is in the cache and answered.
   bool find(const uint32_t* ids, unsigned order, float* logprob, uint8_t* flags) {
-    if (size_ != 0 && order == order_) {
-      for (size_t slot = hash(ids, order) & mask_;; slot = (slot + 1) & mask_) {
-        const uint32_t* s = &slots_[slot * stride_];
-        if ((s[0] >> 9) != generation_) break;  // an empty slot ends the probe
-        if (same(ids, s + 2, order)) {
-          if (s[0] & kPendingBit) break;
+    if (size_ != 0) {
+      const uint64_t key = hash(ids, order);
+      for (size_t i = key & mask_;; i = (i + 1) & mask_) {
+        const Slot& s = slots_[i];
+        if ((s.tag >> 9) != generation_) break;  // an empty slot ends the probe
+        if (s.key == key) {
+          if (s.tag & kPendingBit) break;
           ++hits_;
-          std::memcpy(logprob, &s[1], sizeof(float));
-          *flags = static_cast<uint8_t>(s[0] & 0xff);
+          *logprob = s.value;
+          *flags = static_cast<uint8_t>(s.tag & 0xff);
           return true;
         }
       }
@@ -330,30 +332,36 @@ class NgramCache {
       ++misses_;
       return kMarked;
     }
-    uint32_t* s = reserve(ids, order);
-    if ((s[0] >> 9) == generation_) {
-      if (s[0] & kPendingBit) {
+    const uint64_t key = hash(ids, order);
+    Slot& s = reserve(key);
+    if ((s.tag >> 9) == generation_) {
+      if (s.tag & kPendingBit) {
         ++misses_;
         return kPending;
       }
       ++hits_;
-      std::memcpy(logprob, &s[1], sizeof(float));
-      *flags = static_cast<uint8_t>(s[0] & 0xff);
+      *logprob = s.value;
+      *flags = static_cast<uint8_t>(s.tag & 0xff);
       return kAnswered;
     }
     ++misses_;
-    add(s, ids, kPendingBit);
+    s.key = key;
+    s.value = 0.0f;
+    s.tag = generation_ << 9 | kPendingBit;
+    ++size_;
     return kMarked;
   }
   // Sets the n-gram's value (answering it if pending); returns true if it was
   // not in the cache.
   bool insert(const uint32_t* ids, unsigned order, float logprob, uint8_t flags) {
     if (capacity_ == 0) return true;
-    uint32_t* s = reserve(ids, order);
-    const bool added = (s[0] >> 9) != generation_;
-    if (added) add(s, ids, 0);
-    std::memcpy(&s[1], &logprob, sizeof(float));
-    s[0] = generation_ << 9 | flags;
+    const uint64_t key = hash(ids, order);
+    Slot& s = reserve(key);
+    const bool added = (s.tag >> 9) != generation_;
+    if (added) ++size_;
+    s.key = key;
+    s.value = logprob;
+    s.tag = generation_ << 9 | flags;
     return added;
   }
   // Empties the cache if `n` more entries would not fit, so that the next n
@@ -366,7 +374,7 @@ class NgramCache {
     size_ = 0;
     if (++generation_ < kGenerations) return;
     generation_ = 1;  // every tag may hold an old generation: mark every slot free
-    for (size_t slot = 0; slot <= mask_; ++slot) slots_[slot * stride_] = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) slots_[i].tag = 0;
   }
   size_t size() const { return size_; }
   size_t capacity() const { return capacity_; }
@@ -374,20 +382,27 @@ class NgramCache {
   size_t misses() const { return misses_; }
 
  private:
+  struct Slot {
+    uint64_t key;  // hash(ids, order)
+    float value;
+    uint32_t tag;  // generation << 9 | pending << 8 | flags
+  };
   static const size_t kFirstSlots = 4096;
   static const uint32_t kPendingBit = 1u << 8;
   static const uint32_t kGenerations = 1u << 23;  // a tag's generation has 23 bits; 0 is never current
 
-  static size_t hash(const uint32_t* ids, unsigned order) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a over the ids, then a final mix
-    for (unsigned i = 0; i < order; ++i) h = (h ^ ids[i]) * 1099511628211ull;
-    return static_cast<size_t>(h ^ (h >> 29));
-  }
-  // An inline loop: std::equal becomes a call to memcmp, slower for a few ids.
-  static bool same(const uint32_t* a, const uint32_t* b, unsigned n) {
-    for (unsigned i = 0; i < n; ++i)
-      if (a[i] != b[i]) return false;
-    return true;
+  // The n-gram's 64-bit hash: each id mixed in by a multiply and a shift,
+  // both invertible (so n-grams that differ in one id differ in hash), then
+  // splitmix64's finaliser, whose low bits index the table.
+  static uint64_t hash(const uint32_t* ids, unsigned order) {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ order;
+    for (unsigned i = 0; i < order; ++i) {
+      h = (h ^ ids[i]) * 0xff51afd7ed558ccdull;
+      h ^= h >> 32;
+    }
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+    return h ^ (h >> 31);
   }
   // The table's largest size: a power of two, at least twice the capacity.
   size_t max_slots() const {
@@ -395,61 +410,50 @@ class NgramCache {
     while (slots < 2 * capacity_) slots <<= 1;
     return slots;
   }
-  // The slot holding `ids`, or the empty slot where they go.
-  uint32_t* probe(const uint32_t* ids) {
-    for (size_t slot = hash(ids, order_) & mask_;; slot = (slot + 1) & mask_) {
-      uint32_t* s = &slots_[slot * stride_];
-      if ((s[0] >> 9) != generation_ || same(ids, s + 2, order_)) return s;
+  // The slot holding `key`, or the empty slot where it goes.
+  Slot& probe(uint64_t key) {
+    for (size_t i = key & mask_;; i = (i + 1) & mask_) {
+      Slot& s = slots_[i];
+      if ((s.tag >> 9) != generation_ || s.key == key) return s;
     }
   }
   // probe(), with room made first for one more entry (the table allocated,
   // emptied when full, grown when half full).
-  uint32_t* reserve(const uint32_t* ids, unsigned order) {
-    if (order != order_ || slots_.empty()) allocate(order, std::min(kFirstSlots, max_slots()));
+  Slot& reserve(uint64_t key) {
+    if (slots_.empty()) allocate(std::min(kFirstSlots, max_slots()));
     if (size_ >= capacity_) clear();
-    if (2 * (size_ + 1) > mask_ + 1) grow();
-    return probe(ids);
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    return probe(key);
   }
-  // Fills the empty slot `s` with `ids` (tag: this generation, `bits`).
-  void add(uint32_t* s, const uint32_t* ids, uint32_t bits) {
-    std::copy(ids, ids + order_, s + 2);
-    s[0] = generation_ << 9 | bits;
-    ++size_;
-  }
-  void allocate(unsigned order, size_t slots) {
-    order_ = order;
-    stride_ = order + 2;
+  void allocate(size_t slots) {
+    Slot empty = {0, 0.0f, 0};
+    slots_.assign(slots, empty);
     mask_ = slots - 1;
-    slots_.assign(slots * stride_, 0);
     size_ = 0;
     generation_ = 1;
   }
   // Doubles the table (at most half full), unless it is as large as the
   // capacity needs; the entries move to the new one.
   void grow() {
-    if (mask_ + 1 >= max_slots()) return;
-    std::vector<uint32_t> old;
+    if (slots_.size() >= max_slots()) return;
+    std::vector<Slot> old;
     old.swap(slots_);
     const uint32_t generation = generation_;
-    const size_t old_slots = mask_ + 1, stride = stride_;
-    allocate(order_, 2 * old_slots);
-    for (size_t slot = 0; slot < old_slots; ++slot) {
-      const uint32_t* s = &old[slot * stride];
-      if ((s[0] >> 9) != generation) continue;
-      uint32_t* t = probe(s + 2);
-      std::copy(s, s + stride, t);
-      t[0] = generation_ << 9 | (s[0] & 0x1ff);
+    allocate(2 * old.size());
+    for (size_t i = 0; i < old.size(); ++i) {
+      if ((old[i].tag >> 9) != generation) continue;
+      Slot& t = probe(old[i].key);
+      t = old[i];
+      t.tag = generation_ << 9 | (old[i].tag & 0x1ff);
       ++size_;
     }
   }
 
   size_t capacity_;
-  unsigned order_;
-  size_t stride_;  // 4-byte words a slot: order + 2
   size_t mask_, size_;
   uint32_t generation_;
   size_t hits_, misses_;
-  std::vector<uint32_t> slots_;
+  std::vector<Slot> slots_;
 };
 
 }  // namespace cslm
