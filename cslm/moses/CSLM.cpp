@@ -1,6 +1,7 @@
 // CSLM.cpp -- see CSLM.h and docs/moses-feature.md.
 #include "CSLM.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -27,10 +28,18 @@
 
 namespace Moses {
 
-size_t CSLMState::hash() const { return boost::hash_range(m_words.begin(), m_words.end()); }
+CSLMState::CSLMState(const std::vector<uint32_t>& words) : m_size(words.size()) {
+  if (m_size <= kInline)
+    std::copy(words.begin(), words.end(), m_inline);
+  else
+    m_heap = words;
+}
+
+size_t CSLMState::hash() const { return boost::hash_range(Words(), Words() + m_size); }
 
 bool CSLMState::operator==(const FFState& other) const {
-  return m_words == static_cast<const CSLMState&>(other).m_words;
+  const CSLMState& o = static_cast<const CSLMState&>(other);
+  return m_size == o.m_size && std::equal(Words(), Words() + m_size, o.Words());
 }
 
 struct CSLM::ThreadData {
@@ -296,7 +305,7 @@ bool CSLM::Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t co
   return true;
 }
 
-void CSLM::AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
+void CSLM::AddPrefetch(ThreadData& td, const Hypothesis& hypo, const CSLMState& state,
                        std::vector<uint32_t>* ngrams) const {
   // Cube pruning goes on to combine this predecessor with the next options of
   // the same source span (the list is sorted best first): their boundary
@@ -312,7 +321,7 @@ void CSLM::AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector
   for (TranslationOptionList::const_iterator it = list->begin(); it != list->end() && taken < m_prefetch; ++it) {
     if (*it == mine) continue;
     PhraseIds(td, (*it)->GetTargetPhrase(), &ids);
-    cslm::boundary_ngrams(state, ids, complete, m_order, m_bos, m_eos, ngrams, &next);
+    cslm::boundary_ngrams(state.Words(), state.Size(), ids, complete, m_order, m_bos, m_eos, ngrams, &next);
     ++taken;
   }
 }
@@ -325,8 +334,8 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   std::vector<float>& lp = td.lp;
   ngrams.clear();
   PhraseIds(td, hypo.GetCurrTargetPhrase(), &td.phrase_ids);
-  const size_t count = cslm::boundary_ngrams(prev.Words(), td.phrase_ids, hypo.IsSourceCompleted(), m_order, m_bos, m_eos,
-                                             &ngrams, &td.next);
+  const size_t count = cslm::boundary_ngrams(prev.Words(), prev.Size(), td.phrase_ids, hypo.IsSourceCompleted(),
+                                             m_order, m_bos, m_eos, &ngrams, &td.next);
   if (count) {
     float sum = 0.0f;
     if (td.run_ahead) {  // the buffer's run ahead (CSLMBuffer.cpp): nothing asked
@@ -334,7 +343,7 @@ FFState* CSLM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
     } else {
       if (!Cached(td, ngrams, count, &lp)) {
         // A round trip is due: fill it with the likely next questions.
-        if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev.Words(), &ngrams);
+        if (m_prefetch && !m_buffer) AddPrefetch(td, hypo, prev, &ngrams);
         Score(td, ngrams, ngrams.size() / m_order, &lp);  // the first `count` values are this hypothesis's
       }
       for (size_t i = 0; i < count; ++i) sum += lp[i];
@@ -365,13 +374,14 @@ float CSLM::RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, siz
   return sum;
 }
 
-size_t CSLM::QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase,
+size_t CSLM::QueueNgrams(ThreadData& td, const CSLMState& state, const Phrase& phrase,
                          bool complete) const {
   std::vector<uint32_t>& ids = td.queue_ids;
   std::vector<uint32_t>& ngrams = td.queue_ngrams;
   ngrams.clear();
   PhraseIds(td, phrase, &ids);
-  const size_t count = cslm::boundary_ngrams(state, ids, complete, m_order, m_bos, m_eos, &ngrams, &td.queue_next);
+  const size_t count =
+      cslm::boundary_ngrams(state.Words(), state.Size(), ids, complete, m_order, m_bos, m_eos, &ngrams, &td.queue_next);
   for (size_t i = 0; i < count; ++i) QueueOne(td, &ngrams[i * m_order]);
   return td.queued.size() / m_order;
 }
@@ -385,12 +395,12 @@ void CSLM::QueueOne(ThreadData& td, const uint32_t* ngram) const {
 
 size_t CSLM::Queue(const Hypothesis& hypo) const {
   const CSLMState& prev = static_cast<const CSLMState&>(*hypo.GetPrevHypo()->GetFFState(m_stateIndex));
-  return QueueNgrams(ThisThread(), prev.Words(), hypo.GetCurrTargetPhrase(), hypo.IsSourceCompleted());
+  return QueueNgrams(ThisThread(), prev, hypo.GetCurrTargetPhrase(), hypo.IsSourceCompleted());
 }
 
 size_t CSLM::QueueExpansion(const Hypothesis& prev, const TranslationOption& option, bool complete) const {
   const CSLMState& state = static_cast<const CSLMState&>(*prev.GetFFState(m_stateIndex));
-  return QueueNgrams(ThisThread(), state.Words(), option.GetTargetPhrase(), complete);
+  return QueueNgrams(ThisThread(), state, option.GetTargetPhrase(), complete);
 }
 
 size_t CSLM::Queued() const { return ThisThread().queued.size() / m_order; }

@@ -52,15 +52,21 @@ class Phrase;
 class TranslationOption;
 
 // The last order-1 target words (server ids), the sentence start being <s>.
+// Up to kInline of them are kept in the state itself: a decoder makes one
+// state per hypothesis, and a 7-gram's six words then cost no allocation.
 class CSLMState : public FFState {
  public:
-  explicit CSLMState(const std::vector<uint32_t>& words) : m_words(words) {}
-  const std::vector<uint32_t>& Words() const { return m_words; }
+  explicit CSLMState(const std::vector<uint32_t>& words);
+  const uint32_t* Words() const { return m_size <= kInline ? m_inline : &m_heap[0]; }
+  size_t Size() const { return m_size; }
   size_t hash() const;
   bool operator==(const FFState& other) const;
 
  private:
-  std::vector<uint32_t> m_words;
+  static const size_t kInline = 7;
+  uint32_t m_inline[kInline];
+  size_t m_size;
+  std::vector<uint32_t> m_heap;  // the words, when more than kInline
 };
 
 class CSLM : public StatefulFeatureFunction {
@@ -152,7 +158,7 @@ class CSLM : public StatefulFeatureFunction {
   bool Cached(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count, std::vector<float>* logprobs) const;
   // Queues the boundary n-grams of `phrase` after `state` that neither the
   // cache nor the queue holds; returns the queue's length.
-  size_t QueueNgrams(ThreadData& td, const std::vector<uint32_t>& state, const Phrase& phrase, bool complete) const;
+  size_t QueueNgrams(ThreadData& td, const CSLMState& state, const Phrase& phrase, bool complete) const;
   // Adds one n-gram (m_order ids) to the queue unless the cache has it,
   // answered or pending (queued already); it becomes pending.
   void QueueOne(ThreadData& td, const uint32_t* ngram) const;
@@ -162,7 +168,7 @@ class CSLM : public StatefulFeatureFunction {
   float RunAheadSum(ThreadData& td, const std::vector<uint32_t>& ngrams, size_t count) const;
   // Appends the boundary n-grams of `state` followed by up to m_prefetch other
   // options of hypo's source span.
-  void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const std::vector<uint32_t>& state,
+  void AddPrefetch(ThreadData& td, const Hypothesis& hypo, const CSLMState& state,
                    std::vector<uint32_t>* ngrams) const;
 
   CSLMOptions m_opt;       // the keys NNJM takes too (CSLMShared.h); future_cost: -1 until Load decides

@@ -104,25 +104,29 @@ float DistortionCost(const Hypothesis& pred, const Range& span) {
 // BackwardsEdge::CreateHypothesis makes it (but with id 0, so that the real
 // search's ids are unchanged), evaluated with the CSLM in its run-ahead mode
 // (unknown n-grams queued, a provisional value in their place), then dropped.
-// A cell whose n-grams were all known keeps its score for the later rounds.
+// With rounds > 1, a cell whose n-grams were all known keeps its score for
+// the later rounds.
 class EvaluatedScore {
  public:
-  explicit EvaluatedScore(const PendingCube* cubes) : m_cubes(cubes) {}
+  EvaluatedScore(const PendingCube* cubes, bool keep) : m_cubes(cubes), m_keep(keep) {}
   float operator()(size_t c, size_t x, size_t y) {
     const uint64_t key = cslm::cell_key(c, x, y);
-    boost::unordered_map<uint64_t, float>::const_iterator known = m_exact.find(key);
-    if (known != m_exact.end()) return known->second;
+    if (m_keep) {
+      boost::unordered_map<uint64_t, float>::const_iterator known = m_exact.find(key);
+      if (known != m_exact.end()) return known->second;
+    }
     const PendingCube& cube = m_cubes[c];
     const size_t before = g_feature->RunAheadMisses();
     Hypothesis hypo(*(*cube.predecessors)[x], *cube.options->Get(y), *cube.coverage, 0);
     hypo.EvaluateWhenApplied(cube.estimate);
     const float score = hypo.GetFutureScore();
-    if (g_feature->RunAheadMisses() == before) m_exact[key] = score;
+    if (m_keep && g_feature->RunAheadMisses() == before) m_exact[key] = score;
     return score;
   }
 
  private:
   const PendingCube* m_cubes;
+  bool m_keep;  // another round follows
   boost::unordered_map<uint64_t, float> m_exact;
 };
 
@@ -145,7 +149,7 @@ void QueuePredicted() {
     std::vector<std::pair<size_t, size_t> > sizes;
     for (std::vector<PendingCube>::iterator c = mine; c != p.pending.end(); ++c)
       sizes.push_back(std::make_pair(c->predecessors->size(), c->options->size()));
-    EvaluatedScore score(&*mine);
+    EvaluatedScore score(&*mine, g_feature->Rounds() > 1);
     for (size_t round = 0; round < g_feature->Rounds(); ++round) {
       if (round > 0) g_feature->ScoreQueued();  // what the last round did not know
       g_feature->RunAhead(true);

@@ -210,7 +210,8 @@ FFState* NNJM::EvaluateWhenApplied(const Hypothesis& hypo, const FFState* prev_s
   ngrams.clear();
   const bool complete = hypo.IsSourceCompleted();
   const size_t count =
-      cslm::boundary_ngrams(prev.Words(), td.phrase_ids, complete, m_order, m_bos, m_eos, &ngrams, &td.next);
+      cslm::boundary_ngrams(prev.Words(), prev.Size(), td.phrase_ids, complete, m_order, m_bos, m_eos, &ngrams,
+                            &td.next);
   if (count) {
     // boundary_ngrams: the phrase's first words in order, then </s> if complete,
     // whose window is centred on the source </s> (index = the sentence's length)

@@ -32,7 +32,6 @@
 #include <cmath>
 #include <queue>
 #include <type_traits>
-#include <unordered_set>
 #include <utility>
 
 namespace cslm {
@@ -95,21 +94,23 @@ inline size_t estimate_ngrams(const std::vector<uint32_t>& phrase, unsigned orde
   return first;
 }
 
-// Boundary n-grams of a phrase applied after `state` (at most order-1 ids, the
-// sentence start being <s>), plus the </s> n-gram if `complete`. Writes the new
-// state to `next_state` (not `state` itself). Returns the number of n-grams appended. Reads state
+// Boundary n-grams of a phrase applied after the state state[0..state_size)
+// (at most order-1 ids, the sentence start being <s>), plus the </s> n-gram if
+// `complete`. Writes the new state to `next_state` (not the state itself).
+// Returns the number of n-grams appended. Reads state
 // and phrase in place as one sequence (no allocation: a decoder calls it for
 // every hypothesis and every expansion it asks ahead for).
-inline size_t boundary_ngrams(const std::vector<uint32_t>& state, const std::vector<uint32_t>& phrase, bool complete,
-                              unsigned order, uint32_t bos, uint32_t eos, std::vector<uint32_t>* out,
+inline size_t boundary_ngrams(const uint32_t* state, size_t state_size, const std::vector<uint32_t>& phrase,
+                              bool complete, unsigned order, uint32_t bos, uint32_t eos, std::vector<uint32_t>* out,
                               std::vector<uint32_t>* next_state) {
-  const size_t first = state.size(), total = first + phrase.size(), h = order - 1;
+  const size_t first = state_size, total = first + phrase.size(), h = order - 1;
   // word i of state + phrase
   struct Seq {
-    const std::vector<uint32_t>& state;
+    const uint32_t* state;
+    size_t state_size;
     const std::vector<uint32_t>& phrase;
-    uint32_t operator()(size_t i) const { return i < state.size() ? state[i] : phrase[i - state.size()]; }
-  } seq = {state, phrase};
+    uint32_t operator()(size_t i) const { return i < state_size ? state[i] : phrase[i - state_size]; }
+  } seq = {state, state_size, phrase};
   // the n-gram of `word` after the words before position `at`, as append_ngram writes it
   const auto append = [&](size_t at, uint32_t word) {
     for (size_t i = 0; i < h; ++i) out->push_back(h - i <= at ? seq(at - (h - i)) : bos);
@@ -147,7 +148,7 @@ struct CubeCell {
   size_t cube, x, y;
 };
 
-// A cell's (cube, x, y) packed into one key (cube pruning's seen set, the run ahead's scores).
+// A cell's (cube, x, y) packed into one key (the run ahead's scores kept between rounds).
 inline uint64_t cell_key(size_t cube, size_t x, size_t y) {
   return (static_cast<uint64_t>(cube) << 40) ^ (static_cast<uint64_t>(x) << 20) ^ y;
 }
@@ -157,7 +158,10 @@ void cube_run(const std::vector<std::pair<size_t, size_t> >& sizes, size_t pops,
               std::vector<CubeCell>* out) {
   typedef std::pair<float, size_t> Entry;  // (score, index into out): a created cell awaiting its pop
   std::priority_queue<Entry> best;
-  std::unordered_set<uint64_t> created;  // (cube, x, y) packed: a cell is created once, as cube pruning's seen set
+  // cube pruning's seen set: one bit per cell, cube c's cell (x, y) at first[c] + x * ny + y
+  std::vector<size_t> first(sizes.size() + 1, 0);
+  for (size_t c = 0; c < sizes.size(); ++c) first[c + 1] = first[c] + sizes[c].first * sizes[c].second;
+  std::vector<uint64_t> created((first.back() + 63) / 64, 0);
   out->clear();
   for (size_t c = 0; c < sizes.size(); ++c) {
     if (sizes[c].first == 0 || sizes[c].second == 0) continue;
@@ -171,7 +175,9 @@ void cube_run(const std::vector<std::pair<size_t, size_t> >& sizes, size_t pops,
     for (int k = 0; k < 2; ++k) {
       CubeCell next = {at.cube, at.x + (k == 0), at.y + (k == 1)};
       if (next.x >= sizes[at.cube].first || next.y >= sizes[at.cube].second) continue;
-      if (!created.insert(cell_key(next.cube, next.x, next.y)).second) continue;
+      const size_t bit = first[next.cube] + next.x * sizes[next.cube].second + next.y;
+      if (created[bit / 64] >> (bit % 64) & 1) continue;  // a cell is created once
+      created[bit / 64] |= uint64_t(1) << (bit % 64);
       best.push(Entry(score(next.cube, next.x, next.y), out->size()));
       out->push_back(next);
     }

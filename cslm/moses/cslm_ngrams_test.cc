@@ -69,7 +69,7 @@ int main() {
         const size_t ne = cslm::estimate_ngrams(phrase, order, BOS, &e);
         CHECK(ni + ne == phrase.size() && e.size() == ne * order);
         for (size_t k = 0; k < ne; ++k) CHECK(e[k * order + order - 1] == phrase[k]);
-        const size_t nb = cslm::boundary_ngrams(state, phrase, start == words.size(), order, BOS, EOS, &b, &next);
+        const size_t nb = cslm::boundary_ngrams(state.data(), state.size(), phrase, start == words.size(), order, BOS, EOS, &b, &next);
         // at the sentence start the estimate is exact: the boundary n-grams' history is <s> too
         if (start == len) CHECK(Ids(e.begin(), e.end()) == Ids(b.begin(), b.begin() + e.size()));
         CHECK(ni + nb == phrase.size() + (start == words.size() ? 1 : 0));
