@@ -61,17 +61,26 @@ bool parse_number(const std::string& text, T lo, T hi, T* out) {
   return true;
 }
 
-// Appends one n-gram of `order` ids to `out`: the last order-1 ids of
-// hist[0..hist_len) (left-padded with bos), then `word`.
-inline void append_ngram(const uint32_t* hist, size_t hist_len, uint32_t word, unsigned order, uint32_t bos,
-                         std::vector<uint32_t>* out) {
+// Appends one n-gram of `order` ids to `out`: the order-1 words of a
+// sequence before its position `at` (seq(i): its word i; left-padded with
+// bos where fewer precede), then `word`.
+template <class Seq>
+inline void append_window(const Seq& seq, size_t at, uint32_t word, unsigned order, uint32_t bos,
+                          std::vector<uint32_t>* out) {
   const size_t h = order - 1;
   for (size_t i = 0; i < h; ++i) {
     // position i of the history window, counted from its oldest slot
     const size_t need = h - i;  // this slot is `need` words before `word`
-    out->push_back(need <= hist_len ? hist[hist_len - need] : bos);
+    out->push_back(need <= at ? seq(at - need) : bos);
   }
   out->push_back(word);
+}
+
+// Appends one n-gram of `order` ids to `out`: the last order-1 ids of
+// hist[0..hist_len) (left-padded with bos), then `word`.
+inline void append_ngram(const uint32_t* hist, size_t hist_len, uint32_t word, unsigned order, uint32_t bos,
+                         std::vector<uint32_t>* out) {
+  append_window([hist](size_t i) { return hist[i]; }, hist_len, word, order, bos, out);
 }
 
 // Internal n-grams of a phrase: one per word at index >= order-1.
@@ -97,28 +106,17 @@ inline size_t estimate_ngrams(const std::vector<uint32_t>& phrase, unsigned orde
 // Boundary n-grams of a phrase applied after the state state[0..state_size)
 // (at most order-1 ids, the sentence start being <s>), plus the </s> n-gram if
 // `complete`. Writes the new state to `next_state` (not the state itself).
-// Returns the number of n-grams appended. Reads state
-// and phrase in place as one sequence (no allocation: a decoder calls it for
-// every hypothesis and every expansion it asks ahead for).
+// Returns the number of n-grams appended. State and phrase are read in place
+// as one sequence, with no allocation: a decoder calls this for every
+// hypothesis and every expansion it asks for ahead.
 inline size_t boundary_ngrams(const uint32_t* state, size_t state_size, const std::vector<uint32_t>& phrase,
                               bool complete, unsigned order, uint32_t bos, uint32_t eos, std::vector<uint32_t>* out,
                               std::vector<uint32_t>* next_state) {
-  const size_t first = state_size, total = first + phrase.size(), h = order - 1;
-  // word i of state + phrase
-  struct Seq {
-    const uint32_t* state;
-    size_t state_size;
-    const std::vector<uint32_t>& phrase;
-    uint32_t operator()(size_t i) const { return i < state_size ? state[i] : phrase[i - state_size]; }
-  } seq = {state, state_size, phrase};
-  // the n-gram of `word` after the words before position `at`, as append_ngram writes it
-  const auto append = [&](size_t at, uint32_t word) {
-    for (size_t i = 0; i < h; ++i) out->push_back(h - i <= at ? seq(at - (h - i)) : bos);
-    out->push_back(word);
-  };
+  const size_t total = state_size + phrase.size(), h = order - 1;
+  const auto seq = [&](size_t i) { return i < state_size ? state[i] : phrase[i - state_size]; };  // state + phrase
   const size_t boundary = phrase.size() < h ? phrase.size() : h;
-  for (size_t k = 0; k < boundary; ++k) append(first + k, phrase[k]);
-  if (complete) append(total, eos);
+  for (size_t k = 0; k < boundary; ++k) append_window(seq, state_size + k, phrase[k], order, bos, out);
+  if (complete) append_window(seq, total, eos, order, bos, out);
   const size_t keep = total < h ? total : h;
   next_state->resize(keep);
   for (size_t i = 0; i < keep; ++i) (*next_state)[i] = seq(total - keep + i);
