@@ -314,12 +314,10 @@ class NgramCache {
       const uint64_t key = hash(ids, order);
       for (size_t i = key & mask_;; i = (i + 1) & mask_) {
         const Slot& s = slots_[i];
-        if ((s.tag >> 9) != generation_) break;  // an empty slot ends the probe
+        if (!live(s)) break;  // an empty slot ends the probe
         if (s.key == key) {
           if (s.tag & kPendingBit) break;
-          ++hits_;
-          *logprob = s.value;
-          *flags = static_cast<uint8_t>(s.tag & 0xff);
+          answer(s, logprob, flags);
           return true;
         }
       }
@@ -338,14 +336,12 @@ class NgramCache {
     }
     const uint64_t key = hash(ids, order);
     Slot& s = reserve(key);
-    if ((s.tag >> 9) == generation_) {
+    if (live(s)) {
       if (s.tag & kPendingBit) {
         ++misses_;
         return kPending;
       }
-      ++hits_;
-      *logprob = s.value;
-      *flags = static_cast<uint8_t>(s.tag & 0xff);
+      answer(s, logprob, flags);
       return kAnswered;
     }
     ++misses_;
@@ -361,7 +357,7 @@ class NgramCache {
     if (capacity_ == 0) return true;
     const uint64_t key = hash(ids, order);
     Slot& s = reserve(key);
-    const bool added = (s.tag >> 9) != generation_;
+    const bool added = !live(s);
     if (added) ++size_;
     s.key = key;
     s.value = logprob;
@@ -408,6 +404,14 @@ class NgramCache {
     h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
     return h ^ (h >> 31);
   }
+  // Whether a slot holds an entry (its tag is of the current generation).
+  bool live(const Slot& s) const { return (s.tag >> 9) == generation_; }
+  // A hit: the answered entry's value and flags.
+  void answer(const Slot& s, float* logprob, uint8_t* flags) {
+    ++hits_;
+    *logprob = s.value;
+    *flags = static_cast<uint8_t>(s.tag & 0xff);
+  }
   // The table's largest size: a power of two, at least twice the capacity.
   size_t max_slots() const {
     size_t slots = 2;
@@ -418,7 +422,7 @@ class NgramCache {
   Slot& probe(uint64_t key) {
     for (size_t i = key & mask_;; i = (i + 1) & mask_) {
       Slot& s = slots_[i];
-      if ((s.tag >> 9) != generation_ || s.key == key) return s;
+      if (!live(s) || s.key == key) return s;
     }
   }
   // probe(), with room made first for one more entry (the table allocated,
