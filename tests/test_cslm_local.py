@@ -43,10 +43,13 @@ def ngrams_of(corpus: Path, order: int, limit: int = 300) -> list[list[str]]:
     return grams[:limit]
 
 
-def run_local(exe: Path, model: Path, grams: list[list[str]], kernels: str | None = None) -> np.ndarray:
-    """The evaluator's (exact, self-normalised) scores of `grams`; `kernels` caps the vector width (CSLM_KERNELS)."""
+def run_local(exe: Path, model: Path, grams: list[list[str]], kernels: str | None = None,
+              precision: str = "fp32") -> np.ndarray:
+    """The evaluator's (exact, self-normalised) scores of `grams`; `kernels` caps the vector width (CSLM_KERNELS);
+    `precision`: its layers after the first in fp32 or int8."""
     env = {**os.environ, "CSLM_KERNELS": kernels} if kernels is not None else None
-    r = subprocess.run([str(exe), str(model)], input="".join(" ".join(g) + "\n" for g in grams),
+    r = subprocess.run([str(exe), str(model), "--precision", precision],
+                       input="".join(" ".join(g) + "\n" for g in grams),
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     return np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
@@ -112,6 +115,53 @@ def test_narrower_kernels_score_the_same(local_exe, model_dir):
                        env={**os.environ, "CSLM_KERNELS": "sse9"})
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.strip() == "CSLM_KERNELS=sse9: not avx512, avx2 or baseline (unset it for the CPU's widest)"
+
+
+def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+    """(exact, self-normalised) scores of `grams` by cslm_local.h's int8 equations, in float64 with numpy:
+    W_k ~ s_j q_j (q = round(W / s_j), s_j = max |W_j| / 127), each layer's input rounded to r = round(h / s_h),
+    s_h = max h / 255, h_k = relu(b_k + s_h s_j sum_i r_i q_j[i]) for every rectified layer after the first."""
+    m = modeldir.load(str(loaded_dir))
+    sd = {k: v.double().numpy() for k, v in m.model.state_dict().items()}
+    order = m.config.order
+    rows = np.full((len(grams), order), m.vocab.encode(["<s>"])[0], np.int64)
+    for i, g in enumerate(grams):
+        rows[i, order - len(g):] = m.vocab.encode(g)
+    x = sd["embed.weight"][rows[:, :-1]].reshape(len(grams), -1)
+    h = np.maximum(x @ sd["hidden.0.weight"].T + sd["hidden.0.bias"], 0)
+    k = 1
+    while f"hidden.{k}.weight" in sd:
+        w, b = sd[f"hidden.{k}.weight"], sd[f"hidden.{k}.bias"]
+        s = np.abs(w).max(axis=1) / 127
+        q = np.rint(w / s[:, None])
+        sh = h.max(axis=1) / 255
+        r = np.rint(h / np.where(sh > 0, sh, 1)[:, None])
+        h = np.maximum(b + (r @ q.T) * sh[:, None] * s[None, :], 0)
+        k += 1
+    logits = h @ sd["out.weight"].T + sd["out.bias"]
+    o_w = logits[np.arange(len(grams)), rows[:, -1]]
+    log_z = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    return o_w - log_z, o_w
+
+
+def test_int8_layers_follow_their_equations_with_every_kernel(local_exe, model_dir, tmp_path):
+    """--precision int8: the layers after the first in 8 bits (cslm_local.h, "Precision"), their outputs 300,
+    270 and 30 padded to whole vectors and their inputs to groups of four. Every kernel (AVX-512 VNNI where the
+    CPU has it) gives the scores of the equations computed in float64; the integer sums are exact, so the
+    kernels differ only by the float rounding of the last step. The scores stay near float32's, not equal."""
+    out, loaded, corpus = model_dir
+    random_model(loaded, (300, 270, 30), 4, 0.1, tmp_path / "wide")
+    grams = ngrams_of(corpus, loaded.config.order, 100)
+    want_exact, want_sn = int8_reference(tmp_path / "wide", grams)
+    fp32 = run_local(local_exe, tmp_path / "wide", grams)
+    runs = {}
+    for cap in ("avx512", "avx2", "baseline"):
+        got = runs[cap] = run_local(local_exe, tmp_path / "wide", grams, kernels=cap, precision="int8")
+        assert np.max(np.abs(got[:, 1] - want_sn)) < 1e-4 and np.max(np.abs(got[:, 0] - want_exact)) < 1e-4, cap
+    assert np.max(np.abs(runs["avx2"] - runs["avx512"])) < 1e-4
+    assert np.max(np.abs(runs["baseline"] - runs["avx512"])) < 1e-4
+    diff = np.abs(runs["avx512"] - fp32)
+    assert 0 < diff.max() < 0.2 and diff.mean() < 0.05
 
 
 def test_local_evaluator_deeper_network(local_exe, model_dir, tmp_path):

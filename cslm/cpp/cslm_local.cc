@@ -15,7 +15,8 @@
 #include <string>
 
 // The hot loops (kernels below) are compiled three times, for AVX-512,
-// AVX2+FMA and baseline x86-64 (or once elsewhere), and the version the CPU
+// AVX2+FMA and baseline x86-64 (or once elsewhere), with the 8-bit layers'
+// product written for AVX-512 VNNI and for AVX2, and the version the CPU
 // supports is picked at load: a binary built for any x86-64 (as Moses is) uses
 // the vector units the machine has.
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -210,6 +211,45 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   }                                                                       \
   for (; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 
+// kInt8 (cslm_local.h, "Precision"): r = the layer's input rounded to 8 bits,
+// r[i] = round(x[i] * 255 / max x) (to nearest, ties to even, as the vector
+// conversion rounds), zero past n up to n4; returns s_h = max x / 255 (0 for
+// an input of zeros). x >= 0: a ReLU's output.
+#define CSLM_QUANTIZE_BODY                                                \
+  float top = 0.0f;                                                       \
+  for (size_t i = 0; i < n; ++i) top = x[i] > top ? x[i] : top;           \
+  if (top == 0.0f) {                                                      \
+    std::memset(r, 0, n4);                                                \
+    return 0.0f;                                                          \
+  }                                                                       \
+  const float inv = 255.0f / top;                                         \
+  for (size_t i = 0; i < n; ++i) {                                        \
+    const float v = std::nearbyint(x[i] * inv);                           \
+    r[i] = static_cast<uint8_t>(v < 255.0f ? v : 255.0f);                 \
+  }                                                                       \
+  for (size_t i = n; i < n4; ++i) r[i] = 0;                               \
+  return top / 255.0f;
+
+// acc[j] = sum_i r[i] q_j[i] for j < out16, over groups of four inputs (the
+// layout of Layer::q): exact in 32 bits for any order of the sums.
+#define CSLM_GEMV_I8_BODY                                                 \
+  for (size_t j = 0; j < out16; ++j) acc[j] = 0;                          \
+  for (size_t g = 0; g < groups; ++g) {                                   \
+    const uint8_t* rg = r + 4 * g;                                        \
+    if (!(rg[0] | rg[1] | rg[2] | rg[3])) continue;                       \
+    const int8_t* w = q + g * out16 * 4;                                  \
+    for (size_t j = 0; j < out16; ++j)                                    \
+      acc[j] += rg[0] * w[4 * j] + rg[1] * w[4 * j + 1] + rg[2] * w[4 * j + 2] +      \
+                rg[3] * w[4 * j + 3];                                     \
+  }
+
+// y[j] = relu(bias[j] + acc[j] * (s_h * scale[j])), j < n
+#define CSLM_DEQUANT_RELU_BODY                                            \
+  for (size_t j = 0; j < n; ++j) {                                        \
+    const float v = bias[j] + static_cast<float>(acc[j]) * (sh * scale[j]); \
+    y[j] = v > 0.0f ? v : 0.0f;                                           \
+  }
+
 #define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W, NB)                                                          \
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
@@ -218,9 +258,19 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }     \
   ATTR void SumRelu##SUFFIX(size_t n, const float* const* __restrict x, size_t k,                        \
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
-  ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }
+  ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }                   \
+  ATTR float Quantize##SUFFIX(size_t n, size_t n4, const float* __restrict x, uint8_t* __restrict r) {   \
+    CSLM_QUANTIZE_BODY                                                                                   \
+  }                                                                                                      \
+  ATTR void DequantRelu##SUFFIX(size_t n, const int32_t* __restrict acc, float sh,                       \
+                                const float* __restrict scale, const float* __restrict bias,             \
+                                float* __restrict y) { CSLM_DEQUANT_RELU_BODY }
 
 CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
+void GemvI8Base(const int8_t* __restrict q, size_t groups, size_t out16, const uint8_t* __restrict r,
+                int32_t* __restrict acc) {
+  CSLM_GEMV_I8_BODY
+}
 // Packs the nonzeros of a[begin..end): their indices to idx, their values to
 // val, in order; returns how many. idx and val hold end - begin entries (a
 // rectified layer is zero about half the time: a zero costs nothing in the
@@ -263,6 +313,66 @@ CSLM_AVX512 size_t PackAvx512(size_t n, const float* __restrict a, uint32_t* __r
   }
   return nnz + PackRange(i, n, a, idx + nnz, val + nnz);
 }
+
+// GemvI8 with AVX2, which has no u8 x s8 product that cannot saturate
+// (vpmaddubsw's 16-bit sums can): per group of four inputs, r widened to
+// 16 bits and broadcast, and vpmaddwd against four outputs' weights widened
+// to 16 bits, which sums the products two by two into 32 bits; a final
+// pairwise add (vphaddd) gives each output's sum. The sums are exact, as in
+// CSLM_GEMV_I8_BODY; 32 outputs (8 registers) per pass over the groups.
+CSLM_AVX2 void GemvI8Madd(const int8_t* __restrict q, size_t groups, size_t out16, const uint8_t* __restrict r,
+                          int32_t* __restrict acc) {
+  const uint32_t* r4 = reinterpret_cast<const uint32_t*>(r);
+  for (size_t j = 0; j < out16; j += 32) {
+    const size_t nb = out16 - j >= 32 ? 8 : 4;  // registers of four outputs (x two partial sums)
+    __m256i s[8];
+    for (size_t b = 0; b < 8; ++b) s[b] = _mm256_setzero_si256();
+    for (size_t g = 0; g < groups; ++g) {
+      if (!r4[g]) continue;
+      const __m256i a = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(static_cast<int>(r4[g]))));
+      const int8_t* w = q + (g * out16 + j) * 4;
+      for (size_t b = 0; b < nb; ++b)
+        s[b] = _mm256_add_epi32(s[b], _mm256_madd_epi16(
+            _mm256_cvtepi8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(w + 16 * b))), a));
+    }
+    for (size_t b = 0; b < nb; b += 2)  // pairs summed; the 64-bit quarters put back in output order
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + j + 4 * b),
+                          _mm256_permute4x64_epi64(_mm256_hadd_epi32(s[b], s[b + 1]), 0xD8));
+  }
+}
+
+// GemvI8 with AVX-512 VNNI: per group of four inputs, their four bytes
+// broadcast and vpdpbusd (u8 x s8, four products summed into each int32
+// lane) against 16 outputs' weights per register, 16 registers (256
+// outputs) per pass, so that each group's weights stream through once. A
+// group of four zero inputs is skipped. The sums are CSLM_GEMV_I8_BODY's
+// exactly: integers.
+#define CSLM_VNNI __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma")))
+CSLM_VNNI void GemvI8Vnni(const int8_t* __restrict q, size_t groups, size_t out16, const uint8_t* __restrict r,
+                          int32_t* __restrict acc) {
+  const uint32_t* r4 = reinterpret_cast<const uint32_t*>(r);
+  size_t j = 0;
+  for (; j + 256 <= out16; j += 256) {
+    __m512i s[16];
+    _Pragma("GCC unroll 16") for (int b = 0; b < 16; ++b) s[b] = _mm512_setzero_si512();
+    for (size_t g = 0; g < groups; ++g) {
+      if (!r4[g]) continue;
+      const __m512i a = _mm512_set1_epi32(static_cast<int>(r4[g]));
+      const int8_t* w = q + (g * out16 + j) * 4;
+      _Pragma("GCC unroll 16") for (int b = 0; b < 16; ++b)
+        s[b] = _mm512_dpbusd_epi32(s[b], a, _mm512_load_si512(w + 64 * b));
+    }
+    _Pragma("GCC unroll 16") for (int b = 0; b < 16; ++b) _mm512_storeu_si512(acc + j + 16 * b, s[b]);
+  }
+  for (; j < out16; j += 16) {
+    __m512i s = _mm512_setzero_si512();
+    for (size_t g = 0; g < groups; ++g)
+      if (r4[g])
+        s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(static_cast<int>(r4[g])),
+                                _mm512_load_si512(q + (g * out16 + j) * 4));
+    _mm512_storeu_si512(acc + j, s);
+  }
+}
 #endif
 
 struct Kernels {
@@ -272,6 +382,9 @@ struct Kernels {
   void (*sum_relu)(size_t, const float* const*, size_t, const float*, float*);
   void (*relu)(size_t, float*);
   size_t (*pack)(size_t, const float*, uint32_t*, float*);
+  float (*quantize)(size_t, size_t, const float*, uint8_t*);
+  void (*gemv_i8)(const int8_t*, size_t, size_t, const uint8_t*, int32_t*);
+  void (*dequant_relu)(size_t, const int32_t*, float, const float*, const float*, float*);
   const char* name;
 };
 
@@ -286,15 +399,19 @@ Kernels PickKernels() {
 #if CSLM_DISPATCH
   __builtin_cpu_init();
   if ((want.empty() || want == "avx512") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
-    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, PackAvx512, "avx512"};
+    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, PackAvx512,
+                 QuantizeAvx512, GemvI8Madd, DequantReluAvx512, "avx512"};
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) k.gemv_i8 = GemvI8Vnni;
     return k;
   }
   if (want != "baseline" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, PackBase, "avx2"};
+    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, PackBase,
+                 QuantizeAvx2, GemvI8Madd, DequantReluAvx2, "avx2"};
     return k;
   }
 #endif
-  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, ReluBase, PackBase, "baseline"};
+  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, ReluBase, PackBase,
+               QuantizeBase, GemvI8Base, DequantReluBase, "baseline"};
   return k;
 }
 
@@ -328,9 +445,16 @@ void SpecialIds(const std::vector<std::string>& words, const std::string& path, 
 }
 }  // namespace
 
-LocalModel::LocalModel(const std::string& dir)
-    : order_(0), window_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0), unk_(0),
-      src_bos_(0), src_eos_(0), src_unk_(0) {
+bool ParsePrecision(const std::string& name, Precision* precision) {
+  if (name == "fp32") *precision = kFloat32;
+  else if (name == "int8") *precision = kInt8;
+  else return false;
+  return true;
+}
+
+LocalModel::LocalModel(const std::string& dir, Precision precision)
+    : precision_(precision), order_(0), window_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0),
+      unk_(0), src_bos_(0), src_eos_(0), src_unk_(0) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab",
                     src_voc_path = dir + "/cslm.src.vocab";
   const Json cfg = Json::Parse(ReadFile(cfg_path), cfg_path);
@@ -426,9 +550,28 @@ LocalModel::LocalModel(const std::string& dir)
     if (s[1] != in) throw Fail(st_path, "hidden layer sizes do not chain");
     L.in = s[1];
     L.out = s[0];
-    L.wt.resize(L.in * L.out);
-    for (size_t j = 0; j < L.out; ++j)
-      for (size_t i = 0; i < L.in; ++i) L.wt[i * L.out + j] = w[j * L.in + i];
+    L.in4 = (L.in + 3) / 4 * 4;
+    L.out16 = (L.out + 15) / 16 * 16;
+    if (precision_ == kInt8) {
+      // W_k[j][i] ~ s_j q_j[i] (cslm_local.h, "Precision"), in groups of four inputs per output. A sum of
+      // in x 255 x 127 must fit 32 bits.
+      if (L.in > 65536) throw Fail(st_path, "hidden layer " + std::to_string(k) + " is too wide for precision int8");
+      L.q.assign(L.in4 * L.out16, 0);
+      L.scale.assign(L.out, 0.0f);
+      for (size_t j = 0; j < L.out; ++j) {
+        float top = 0.0f;
+        for (size_t i = 0; i < L.in; ++i) top = std::max(top, std::fabs(w[j * L.in + i]));
+        L.scale[j] = top / 127.0f;
+        if (top == 0.0f) continue;
+        for (size_t i = 0; i < L.in; ++i)
+          L.q[((i / 4) * L.out16 + j) * 4 + i % 4] =
+              static_cast<int8_t>(std::nearbyint(w[j * L.in + i] * (127.0f / top)));
+      }
+    } else {
+      L.wt.resize(L.in * L.out);
+      for (size_t j = 0; j < L.out; ++j)
+        for (size_t i = 0; i < L.in; ++i) L.wt[i * L.out + j] = w[j * L.in + i];
+    }
     st.Get("hidden." + std::to_string(k) + ".bias", 1, &L.bias);
     in = L.out;
     layers_.push_back(L);
@@ -457,10 +600,19 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
   std::vector<uint32_t>& idx = scratch->idx;
   for (size_t l = 0; l < layers_.size(); ++l) {  // h_k = relu(W_k h_{k-1} + b_k)
     const Layer& L = layers_[l];
+    b.resize(L.out);
+    if (precision_ == kInt8) {  // h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i]) (cslm_local.h, "Precision")
+      scratch->r.resize(L.in4);
+      scratch->acc.resize(L.out16);
+      const float sh = K().quantize(L.in, L.in4, &a[0], &scratch->r[0]);
+      K().gemv_i8(&L.q[0], L.in4 / 4, L.out16, &scratch->r[0], &scratch->acc[0]);
+      K().dequant_relu(L.out, &scratch->acc[0], sh, &L.scale[0], &L.bias[0], &b[0]);
+      a.swap(b);
+      continue;
+    }
     idx.resize(L.in);
     val.resize(L.in);
     const size_t nnz = K().pack(L.in, &a[0], &idx[0], &val[0]);  // rectified zeros cost nothing: the others, packed
-    b.resize(L.out);
     K().gemv(&L.wt[0], L.out, &idx[0], &val[0], nnz, &L.bias[0], &b[0]);
     K().relu(L.out, &b[0]);
     a.swap(b);

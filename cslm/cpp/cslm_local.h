@@ -40,6 +40,23 @@
 //   float lp;
 //   lm.Score(&row[0], 1, lm.self_normalized(), &lp, &scratch);
 //
+// Precision (the constructor's `precision`):
+//   * kFloat32: every layer in float32, as trained.
+//   * kInt8: the rectified layers after the first (W_k, k >= 2) in 8 bits, a
+//     faster recipe beside the paper's, after Vanhoucke et al. (2011)'s 8-bit
+//     networks on CPUs:
+//       W_k[j][i] ~ s_j q_j[i],  q an int8 in -127..127,  s_j = max_i |W_k[j][i]| / 127
+//     per output unit; the layer's input h (>= 0 after a ReLU), per history,
+//       h[i] ~ s_h r[i],  r in 0..255,  s_h = max_i h[i] / 255
+//     and then
+//       h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i])
+//     with the sum exact in 32-bit integers: AVX-512 VNNI's vpdpbusd where
+//     the CPU has it (about 1.5x the n-grams/s of kFloat32 for `small`),
+//     AVX2's vpmaddwd (level with kFloat32), or a plain loop (slower).
+//     The first layer, the output layer and ln Z stay float32. The scores
+//     move by a few thousandths of a nat on average
+//     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
+//
 // A LocalModel is read-only after construction: threads share one, each with
 // its own Scratch.
 #ifndef CSLM_LOCAL_H_
@@ -86,6 +103,14 @@ bool operator==(const CacheLineAllocator<T>&, const CacheLineAllocator<U>&) { re
 template <class T, class U>
 bool operator!=(const CacheLineAllocator<T>&, const CacheLineAllocator<U>&) { return false; }
 typedef std::vector<float, CacheLineAllocator<float> > Floats;
+typedef std::vector<int8_t, CacheLineAllocator<int8_t> > Int8s;
+typedef std::vector<uint8_t, CacheLineAllocator<uint8_t> > Uint8s;
+typedef std::vector<int32_t, CacheLineAllocator<int32_t> > Int32s;
+
+// How the rectified layers after the first are stored and computed (above).
+enum Precision { kFloat32, kInt8 };
+// "fp32" or "int8" to a Precision; false for another name.
+bool ParsePrecision(const std::string& name, Precision* precision);
 
 // A cache of last hidden layers by history that several threads share (the
 // evaluator threads of cslm_native.cc, which score one server's requests: a
@@ -120,6 +145,8 @@ class LocalModel {
     explicit Scratch(size_t history_slots = 4096) : slots(history_slots), hits(0), misses(0), shared(0) {}
     Floats a, b, h, val;
     std::vector<uint32_t> idx;
+    Uint8s r;    // kInt8: a layer's input rounded to 8 bits
+    Int32s acc;  // kInt8: its integer sums
     size_t slots;                  // 0: no history cache of its own
     std::vector<uint32_t> keys;    // slots x (row_size-1) ids; keys[slot*(row_size-1)] == kEmpty: unused
     Floats values;                 // slots x hidden_size()
@@ -134,10 +161,12 @@ class LocalModel {
   };
   static const size_t kSourceSlots = 256;
 
-  // Loads MODEL_DIR; throws std::runtime_error("FILE: reason") on anything
-  // missing, malformed or inconsistent (shapes, dtype, vocabulary size).
-  explicit LocalModel(const std::string& model_dir);
+  // Loads MODEL_DIR, its layers after the first kept in `precision`; throws
+  // std::runtime_error("FILE: reason") on anything missing, malformed or
+  // inconsistent (shapes, dtype, vocabulary size).
+  explicit LocalModel(const std::string& model_dir, Precision precision = kFloat32);
 
+  Precision precision() const { return precision_; }
   // n: the target n-gram's order (the predicted word and n-1 history words).
   unsigned order() const { return order_; }
   // m: a joint model's source window; 0 for a plain CSLM.
@@ -191,10 +220,16 @@ class LocalModel {
  private:
   struct Layer {
     size_t in, out;
-    Floats wt;  // transposed weight: wt[k * out + j] = W[j][k]
+    Floats wt;  // kFloat32: the transposed weight, wt[k * out + j] = W[j][k]
     Floats bias;
+    // kInt8: q[(g * out16 + j) * 4 + t] = q_j[4g + t], in and out padded with
+    // zeros to in4 (a multiple of 4) and out16 (of 16); scale[j] = s_j.
+    size_t in4, out16;
+    Int8s q;
+    Floats scale;
   };
 
+  Precision precision_;
   unsigned order_, window_;
   size_t embed_, h1_;
   double self_norm_;

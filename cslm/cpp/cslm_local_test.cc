@@ -10,6 +10,8 @@
 //   cslm_local_test MODEL_DIR --bench SECONDS < NGRAMS
 //       scores the n-grams over and over for about SECONDS per mode; prints
 //       "selfnorm NGRAMS_PER_S" and "exact NGRAMS_PER_S".
+//   --precision fp32|int8 (before --bench) loads the model in that precision
+//       (cslm_local.h, "Precision").
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,12 +24,20 @@
 #include "cslm_test_input.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--bench")) {
-    std::cerr << "usage: cslm_local_test MODEL_DIR [--bench SECONDS] < NGRAMS" << std::endl;
+  cslm::Precision precision = cslm::kFloat32;
+  double seconds = 0;  // 0: score once and print
+  bool ok = argc >= 2;
+  for (int i = 2; ok && i < argc; i += 2) {
+    const std::string flag = argv[i];
+    ok = i + 1 < argc && ((flag == "--precision" && cslm::ParsePrecision(argv[i + 1], &precision)) ||
+                          (flag == "--bench" && (seconds = atof(argv[i + 1])) > 0));
+  }
+  if (!ok) {
+    std::cerr << "usage: cslm_local_test MODEL_DIR [--precision fp32|int8] [--bench SECONDS] < NGRAMS" << std::endl;
     return 2;
   }
   try {
-    cslm::LocalModel lm(argv[1]);
+    cslm::LocalModel lm(argv[1], precision);
     std::vector<uint32_t> flat;
     std::string error;
     const size_t count =
@@ -40,7 +50,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     cslm::LocalModel::Scratch scratch;
-    if (argc == 2) {
+    if (seconds == 0) {
       std::vector<float> exact(count), selfnorm(count);
       if (count) {
         lm.Score(&flat[0], count, true, &exact[0], &scratch);
@@ -51,7 +61,6 @@ int main(int argc, char** argv) {
       std::cerr << "kernels " << cslm::LocalModel::Kernels() << std::endl;
       return 0;
     }
-    const double seconds = atof(argv[3]);
     std::vector<float> out(count);
     for (int mode = 0; mode < 2 && count; ++mode) {
       const bool normalized = mode == 1;
