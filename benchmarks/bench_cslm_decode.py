@@ -290,6 +290,9 @@ def main() -> None:
                                                             "cuda when there is one]")
     ap.add_argument("--server-args", default="", help="more `cslm serve` options for the server rows, e.g. "
                                                       "\"--history-cache 0\"")
+    ap.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                    help="the C++ evaluator's layers after the first, in process (precision=) and in the server "
+                         "(--precision) [%(default)s]")
     ap.add_argument("--server-threads", type=int, help="`cslm serve --threads` [--threads]")
     ap.add_argument("--cube-threads", type=int, nargs="+", metavar="N",
                     help="decoder threads of the server-cube rows, one row per N and cube [--threads]; a baseline "
@@ -310,7 +313,8 @@ def main() -> None:
     system, lm = args.system, args.system / "lm.fr.5.arpa.gz"
     if args.quick:
         args.sentences, args.slow_sentences = 50, 10
-    report: dict = {"model": os.path.basename(os.path.normpath(args.model)), "threads": args.threads}
+    report: dict = {"model": os.path.basename(os.path.normpath(args.model)), "threads": args.threads,
+                    "precision": args.precision}
     moses = Path(args.moses) if args.moses else None
     if moses is None or not (moses / "bin" / "moses").exists():
         report["skipped"] = ("MOSES is not set to a mosesdecoder built with cslm/moses/add-to-moses.sh"
@@ -361,6 +365,10 @@ def main() -> None:
         rows["baseline_normal_search"] = run_row("baseline, normal search", moses, base_ini, lines, NORMAL_FLAGS,
                                                  args.threads, repeats=args.repeats, cpus=dcpus)
     local = f"CSLM name=CSLM0 path={os.path.abspath(args.model)} stats=1"
+    server_args = shlex.split(args.server_args)
+    if args.precision != "fp32":
+        local += f" precision={args.precision}"
+        server_args += ["--precision", args.precision]
     if "local" in args.modes:
         ini = work / "cslm-local.ini"
         moses_ini(ini, table, lm, local)
@@ -384,7 +392,7 @@ def main() -> None:
             asked, name, what = cube_row(cube)
             for t in cube_threads:  # a server of its own per row: no row meets another's n-grams in its cache
                 with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device,
-                            scpus, shlex.split(args.server_args)) as server:
+                            scpus, server_args) as server:
                     line = (f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1 "
                             f"buffer={args.buffer}")
                     ini = work / f"cslm-server-{name}.ini"
@@ -398,7 +406,7 @@ def main() -> None:
         if mode not in args.modes:
             continue
         with Server(args.model, self_norm, args.server_threads or args.threads, args.server_device, scpus,
-                    shlex.split(args.server_args)) as server:
+                    server_args) as server:
             line = f"CSLM name=CSLM0 port={server.port} path={os.path.abspath(args.model)} stats=1"
             ini = work / f"cslm-{mode}.ini"
             if mode == "server-buffered":

@@ -4,7 +4,8 @@
 
 Decodes the first --sentences of newstest2013 with the shared system plus the
 CSLM feature (two scores: ln P and the unknown-word count), a 10-best list per
-sentence, in process, through a server per hypothesis (the first 10 sentences
+sentence, in process (also with `precision=int8`, against the C++ evaluator's
+int8 scores, where the model is self-normalised), through a server per hypothesis (the first 10 sentences
 only: that mode takes seconds per sentence), through a server with the buffer
 (normal stack search) and with the buffer under cube pruning, both ways (each
 new cube's corner, predict=0; each stack's search run ahead, predict=).
@@ -121,6 +122,16 @@ def main() -> None:
     moses_ini(ini, table, LM, f"CSLM name=CSLM0 path={model}")
     report["in_process"] = check_mode("in process", moses, ini, lines, PIPELINE_FLAGS, engine, self_norm,
                                       args.tolerance, work)
+    if self_norm:  # the layers after the first in 8 bits (cslm_local.h, "Precision"): the C++ evaluator's int8
+        int8 = Engine.load(args.model, device="cpu", normalized=False)
+        int8.use_evaluator("native", 0, "int8")
+        ini = work / "local-int8.ini"
+        moses_ini(ini, table, LM, f"CSLM name=CSLM0 path={model} precision=int8")
+        report["in_process_int8"] = check_mode("in process, int8", moses, ini, lines, PIPELINE_FLAGS, int8,
+                                               self_norm, args.tolerance, work)
+        buffered = work / "local-int8-buffered.ini"
+        moses_ini(buffered, table, LM, f"CSLM name=CSLM0 path={model} precision=int8 buffer=65536")
+        report["int8_batching_exact"] = same_output(moses, ini, buffered, lines[: args.exact_sentences], work)
     with Server(args.model, self_norm, 2) as server:
         ini = work / "server.ini"
         moses_ini(ini, table, LM, f"CSLM name=CSLM0 port={server.port} path={model}")

@@ -354,6 +354,10 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
                    "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "
                    "the C++ evaluator's threads share one). 0: none "
                    "[16384 native, 0 torch].")
+@click.option("--precision", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
+              help="The C++ evaluator's layers after the first: int8 stores their weights in 8 bits and rounds "
+                   "their inputs to 8 bits per history (faster with AVX-512 VNNI; scores move by a few "
+                   "thousandths of a nat, docs/moses-feature.md). Needs --self-normalized on a CPU.")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")
 @click.option("--idle-timeout", type=Number(min=0, min_open=True), default=300.0, show_default=True,
@@ -381,7 +385,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
 @click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
 @fail_cleanly
-def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, evaluator, history_cache, max_frame,
+def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, evaluator, history_cache, precision, max_frame,
           idle_timeout, frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm,
           self_normalized, device, threads, port_file):
     """Serve n-gram scores over TCP (protocol: docs/cslm.md) until SIGTERM."""
@@ -394,7 +398,8 @@ def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, evaluator,
     require_model_dir(model_dir, "cslm")
     # impossible limits and an unwritable port file are refused before the model loads
     cfg = ServerConfig(host=host, port=port, max_batch=max_batch, max_delay=max_delay_us * 1e-6,
-                       cache_size=cache_size, evaluator=evaluator, history_cache=history_cache, max_frame=max_frame,
+                       cache_size=cache_size, evaluator=evaluator, history_cache=history_cache, precision=precision,
+                       max_frame=max_frame,
                        idle_timeout=idle_timeout, frame_timeout=frame_timeout, max_connections=max_connections,
                        max_pending=max_pending, max_conn_bytes=max_conn_bytes, max_total_bytes=max_total_bytes)
     connection_limit(max_connections)

@@ -181,30 +181,38 @@ class Engine:
         cfg = self.model.config
         self.history_cache = HistoryCache(capacity, cfg.context, cfg.hidden[-1], self.device) if capacity > 0 else None
 
-    def use_evaluator(self, evaluator: str, history_cache: int | None) -> str:
+    def use_evaluator(self, evaluator: str, history_cache: int | None, precision: str = "fp32") -> str:
         """Who computes self-normalised scores on a CPU; returns the one chosen, "native" or "torch".
 
         * "native": the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time, a
           call's rows shared out over as many threads as torch has, which share one cache of `history_cache`
-          last hidden layers (None: NATIVE_HISTORY_SLOTS);
+          last hidden layers (None: NATIVE_HISTORY_SLOTS), its layers after the first in `precision` ("fp32",
+          or "int8": cslm_local.h, "Precision");
         * "torch": this engine's batched path (`_chunk_self_normalized`), with a `HistoryCache` of
           `history_cache` rows (None: none);
         * "auto": "native" where the library is built, else "torch".
 
         The two give the same scores within float rounding (the C++ sums in another order). Exact scores, a
-        GPU and a joint model (which the server does not serve) keep torch: a UserError if "native" is asked."""
+        GPU and a joint model (which the server does not serve) keep torch: a UserError if "native" or "int8"
+        is asked."""
         from . import native
 
         if evaluator not in ("auto", "native", "torch"):
             raise ValueError(f"evaluator must be auto, native or torch, got {evaluator!r}")
+        if precision not in ("fp32", "int8"):
+            raise ValueError(f"precision must be fp32 or int8, got {precision!r}")
         fits = not self.normalized and self.device.type == "cpu" and not self.joint
-        if evaluator == "native" and not fits:
+        needs_native = evaluator == "native" or precision != "fp32"
+        if precision != "fp32" and evaluator == "torch":
+            raise ValueError(f"precision {precision} is the C++ evaluator's, not torch's")
+        if needs_native and not fits:
             why = "as a joint model" if self.joint else "with exact scores" if self.normalized else f"on {self.device}"
+            fix = "--evaluator torch" if precision == "fp32" else f"--precision {precision} does not apply"
             raise UserError(f"the C++ evaluator computes a plain CSLM's self-normalised scores (--self-normalized) "
-                            f"on a CPU; {self.name} is served {why}: --evaluator torch")
-        if evaluator == "native" or (evaluator == "auto" and fits and native.library_path() is not None):
+                            f"on a CPU; {self.name} is served {why}: {fix}")
+        if needs_native or (evaluator == "auto" and fits and native.library_path() is not None):
             model = native.NativeModel(self.name, NATIVE_HISTORY_SLOTS if history_cache is None else history_cache,
-                                       torch.get_num_threads())
+                                       torch.get_num_threads(), precision)
             if model.row_size != self.order or model.vocab_size != len(self.vocab):
                 raise UserError(f"{self.name}: the C++ evaluator reads order {model.row_size} and "
                                 f"{model.vocab_size} words, torch order {self.order} and {len(self.vocab)}")

@@ -24,6 +24,7 @@ class ServerConfig:
     cache_size: int = 0  # n-grams in the server's cache (cslm.ngram_cache); 0: none (decoders cache their own)
     evaluator: str = "auto"  # self-normalised scores on a CPU: "native" (C++), "torch", "auto" (Engine.use_evaluator)
     history_cache: int | None = None  # rows of the history cache (self-normalised, CPU); None: the evaluator's default
+    precision: str = "fp32"  # the C++ evaluator's layers after the first: "fp32" or "int8" (cslm_local.h, Precision)
     max_frame: int = P.DEFAULT_MAX_FRAME
     idle_timeout: float = 300.0
     frame_timeout: float = 30.0  # seconds for a frame to arrive whole once begun, and for a reply to be taken
@@ -56,6 +57,10 @@ def check_config(cfg: ServerConfig) -> None:
         raise UserError(f"{OPTIONS['max_pending']} must be at least 1, got {cfg.max_pending}")
     if cfg.history_cache is not None and cfg.history_cache < 0:
         raise UserError(f"{OPTIONS['history_cache']} must be at least 0, got {cfg.history_cache}")
+    if cfg.precision not in ("fp32", "int8"):
+        raise UserError(f"--precision must be fp32 or int8, got {cfg.precision!r}")
+    if cfg.precision != "fp32" and cfg.evaluator == "torch":
+        raise UserError(f"--precision {cfg.precision} is the C++ evaluator's: --evaluator auto or native")
     if cfg.frame_timeout <= 0:
         raise UserError(f"{OPTIONS['frame_timeout']} must be above 0, got {cfg.frame_timeout}")
     for name, floor in (("max_conn_bytes", "max_frame"), ("max_total_bytes", "max_conn_bytes")):

@@ -39,7 +39,7 @@ def _library() -> ctypes.CDLL:
         lib = ctypes.CDLL(path)
         size_t, p = ctypes.c_size_t, ctypes.c_void_p
         lib.cslm_native_open.restype = p
-        lib.cslm_native_open.argtypes = [ctypes.c_char_p, size_t, ctypes.c_char_p, size_t]
+        lib.cslm_native_open.argtypes = [ctypes.c_char_p, size_t, ctypes.c_char_p, ctypes.c_char_p, size_t]
         lib.cslm_native_facts.argtypes = [p, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(size_t),
                                           ctypes.POINTER(size_t)]
         lib.cslm_native_score.restype = ctypes.c_int
@@ -64,16 +64,18 @@ class NativeModel:
     """A model directory loaded by the C++ evaluator. A call of many rows is scored by the calling thread and
     up to `threads` - 1 helper threads (one per 0.1 ms of the rows' work, as the last calls' rows took), each
     taking a few rows at a time as it is free. Calls may come from several threads at once. Every thread has
-    its own working memory; all share one cache of `history_slots` last hidden layers (0: none)."""
+    its own working memory; all share one cache of `history_slots` last hidden layers (0: none). `precision`:
+    the layers after the first in "fp32" or "int8" (cslm_local.h, "Precision")."""
 
-    def __init__(self, model_dir: str, history_slots: int, threads: int = 1):
+    def __init__(self, model_dir: str, history_slots: int, threads: int = 1, precision: str = "fp32"):
         self._handle = None
         lib = _library()
         err = ctypes.create_string_buffer(_ERR)
-        handle = lib.cslm_native_open(model_dir.encode(), history_slots, err, _ERR)
+        handle = lib.cslm_native_open(model_dir.encode(), history_slots, precision.encode(), err, _ERR)
         if not handle:
             raise UserError(err.value.decode(errors="replace") or f"{model_dir}: cannot load")
         self._lib, self._handle, self.model_dir, self.history_slots = lib, handle, model_dir, history_slots
+        self.precision = precision
         self.threads = max(1, threads)
         row, vocab, per_thread = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_size_t()
         lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(per_thread))

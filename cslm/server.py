@@ -96,11 +96,12 @@ class Server:
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
         self.evaluator = "torch"
-        if (not engine.normalized and engine.device.type == "cpu") or self.cfg.evaluator == "native":
+        if ((not engine.normalized and engine.device.type == "cpu") or self.cfg.evaluator == "native"
+                or self.cfg.precision != "fp32"):
             # the self-normalised path on a CPU: the C++ evaluator of Moses's in-process mode, or torch's; a
             # history met again costs one output row. On a GPU the hidden layers cost less than the cache's
             # bookkeeping (docs/cslm.md, "Server")
-            self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache)
+            self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache, self.cfg.precision)
         self.budget = ByteBudget(self.cfg.max_total_bytes)
         v = engine.vocab
         self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,
@@ -433,6 +434,8 @@ class Server:
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
                       "scores": self.engine.scores, "device": str(self.engine.device)}
         d["model"]["evaluator"] = self.evaluator
+        if self.engine.native is not None:
+            d["model"]["precision"] = self.engine.native.precision
         hc, native = self.engine.history_cache, self.engine.native
         if native is not None:  # one cache of `history_slots` rows, shared by the evaluator's threads
             hits, misses = native.cache_counts()

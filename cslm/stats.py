@@ -132,7 +132,9 @@ def startup_message(engine, host: str, port: int, name: str | None = None) -> st
     what = f" {name}" if name else ""
     scores = "" if engine.normalized else \
         "; self-normalized scores o_w, no softmax: log-probabilities only if the model was trained with --self-norm"
-    device = f"device {engine.device}" + (", the C++ evaluator" if engine.native is not None else "")
+    native = engine.native
+    device = f"device {engine.device}" + ("" if native is None else ", the C++ evaluator" + (
+        f" ({native.precision} layers after the first)" if native.precision != "fp32" else ""))
     return (f"cslm: serving{what} on {host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
             f"mode {engine.mode}, {device}{scores})")
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +14,7 @@ import pytest
 from cslm import native
 from cslm.client import Client
 from cslm.engine import Engine
+from cslm.stats import startup_message
 from mtcommon.errors import UserError
 
 from test_cslm_local import model_dir  # noqa: F401 (a self-normalised model, shared within the module)
@@ -176,3 +181,50 @@ def test_a_server_scores_with_the_cpp_evaluator_by_default(model_dir):  # noqa: 
     assert st["model"]["evaluator"] == "native" and st["config"]["evaluator"] == "auto"
     hc = st["history_cache"]
     assert hc["capacity"] == 16384 and hc["hits"] > 0 and hc["hits"] + hc["misses"] == 2 * len(grams) + 70
+
+
+@built
+def test_a_server_with_int8_layers_answers_as_the_int8_evaluator(model_dir):  # noqa: F811
+    """`cslm serve --self-normalized --precision int8`: the C++ evaluator with its layers after the first in
+    8 bits (cslm_local.h, "Precision"), its answers that evaluator's, near float32's but not equal, the
+    precision named in STATS and on the startup line; torch or exact scores with int8 are refused in one
+    line."""
+    out, _, _ = model_dir
+    engine = Engine.load(str(out), device="cpu", normalized=False)
+    int8, fp32 = native.NativeModel(str(out), 0, precision="int8"), native.NativeModel(str(out), 0)
+    s = ServerThread(engine, cache_size=0, precision="int8")
+    try:
+        grams = random_ngrams(engine, 300, 7, seed=4)
+        with Client("127.0.0.1", s.port) as c:
+            got = c.score(grams)[0]
+            st = c.stats()
+    finally:
+        s.stop()
+    rows = engine.pad(grams)
+    assert np.array_equal(got, int8.score(rows, normalized=False))
+    diff = np.abs(got - fp32.score(rows, normalized=False))
+    assert 0 < diff.max() < 0.1
+    assert st["model"]["precision"] == "int8" and st["config"]["precision"] == "int8"
+    assert "(int8 layers after the first)" in startup_message(engine, "h", 1)
+    with pytest.raises(UserError, match="--precision int8 is the C\\+\\+ evaluator's"):
+        ServerThread(engine, precision="int8", evaluator="torch")
+    with pytest.raises(UserError, match="--precision int8 does not apply"):
+        Engine.load(str(out), device="cpu").use_evaluator("auto", None, "int8")
+    with pytest.raises(UserError, match="precision int4: not fp32 or int8"):
+        native.NativeModel(str(out), 0, precision="int4")
+
+
+@built
+def test_the_precision_benchmark_compares_int8_with_fp32(model_dir, tmp_path):  # noqa: F811
+    """benchmarks/bench_cslm_precision.py on a small text: the score differences, both perplexities and both
+    speeds, in its JSON report."""
+    out, _, corpus = model_dir
+    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cslm_precision.py"
+    r = subprocess.run([sys.executable, str(bench), str(out), "--text", str(corpus), "--sentences", "20",
+                        "--seconds", "0.05", "--repeats", "1", "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["ngrams"] > 20 and 0 < report["abs_diff_selfnorm"]["max"] < 0.1
+    assert abs(report["ppl_ratio_int8_over_fp32"] - 1) < 0.01
+    assert report["ngrams_per_s"]["fp32"] > 0 and report["ngrams_per_s"]["int8"] > 0

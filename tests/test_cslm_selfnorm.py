@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -308,3 +310,13 @@ def test_cli_serve_self_normalized(cslm_model, tmp_path):  # noqa: F811
 
 def test_startup_message_of_the_exact_server_is_unchanged(engine):  # noqa: F811
     assert startup_message(engine, "h", 1) == "cslm: serving on h:1 (order 7, 60 words, mode unk, device cpu)"
+
+
+def test_cli_serve_int8_needs_the_cpp_evaluator(cslm_model):  # noqa: F811
+    """--precision int8 is the C++ evaluator's: with torch, or with exact scores, one line and exit 1."""
+    for extra, why in ((["--self-normalized", "--evaluator", "torch"], "--precision int8 is the C++ evaluator's"),
+                       ([], "--precision int8 does not apply")):
+        r = subprocess.run([sys.executable, "-m", "cslm.cli", "serve", str(cslm_model), "--port", "0",
+                            "--precision", "int8", *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stdout == "", r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and why in r.stderr, r.stderr

@@ -106,8 +106,9 @@ class ServerSession : public Backend::Session {
 
 }  // namespace
 
-LocalBackend::LocalBackend(const std::string& model_dir, int self_normalized, size_t history_slots, float floor)
-    : dir_(model_dir), model_(model_dir), history_slots_(history_slots), floor_(floor) {
+LocalBackend::LocalBackend(const std::string& model_dir, int self_normalized, size_t history_slots, float floor,
+                           Precision precision)
+    : dir_(model_dir), model_(model_dir, precision), history_slots_(history_slots), floor_(floor) {
   self_normalized_ = self_normalized == -1 ? model_.self_normalized() : self_normalized != 0;
   facts_.order = model_.order();
   facts_.source_window = model_.source_window();

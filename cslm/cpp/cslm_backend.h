@@ -91,7 +91,9 @@ class LocalBackend : public Backend {
  public:
   // self_normalized: 1 asks for o_w alone, 0 for the exact softmax, -1 as the
   // model was trained. history_slots: hidden layers cached per session.
-  LocalBackend(const std::string& model_dir, int self_normalized, size_t history_slots, float floor);
+  // precision: the layers after the first in float32 or 8 bits (cslm_local.h).
+  LocalBackend(const std::string& model_dir, int self_normalized, size_t history_slots, float floor,
+               Precision precision = kFloat32);
 
   Session* NewSession() const;
   std::string Where() const { return dir_ + " (in process)"; }

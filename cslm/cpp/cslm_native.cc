@@ -7,7 +7,7 @@
 // no Python entry point and links against nothing but the C++ runtime.
 //
 //   char err[512];
-//   void* m = cslm_native_open("/models/cslm", 16384, err, sizeof err);  // 0 on failure, err says why
+//   void* m = cslm_native_open("/models/cslm", 16384, "fp32", err, sizeof err);  // 0 on failure, err says why
 //   cslm_native_score(m, rows, count, 0, logprobs, 2, err, sizeof err);  // 2 threads; 0, or -1 and err
 //   cslm_native_close(m);
 //
@@ -69,8 +69,9 @@ struct Call {
 };
 
 struct Native {
-  Native(const char* dir, size_t slots)
-      : model(dir), cache(slots ? new cslm::SharedHiddenCache(slots, model.row_size() - 1, model.hidden_size()) : 0),
+  Native(const char* dir, size_t slots, cslm::Precision precision)
+      : model(dir, precision),
+        cache(slots ? new cslm::SharedHiddenCache(slots, model.row_size() - 1, model.hidden_size()) : 0),
         stopping(false), hits(0), misses(0), row_ns(0) {}
   ~Native() {
     {
@@ -208,12 +209,18 @@ void Say(const char* what, char* err, size_t size) {
 
 extern "C" {
 
-// Loads MODEL_DIR; `history_slots` rows of hidden-layer cache, shared by the
-// threads that score (0: none). Returns a handle, or 0 with the reason
-// ("FILE: reason") in err.
-void* cslm_native_open(const char* model_dir, size_t history_slots, char* err, size_t err_size) {
+// Loads MODEL_DIR in `precision` ("fp32" or "int8": cslm_local.h, "Precision");
+// `history_slots` rows of hidden-layer cache, shared by the threads that score
+// (0: none). Returns a handle, or 0 with the reason ("FILE: reason") in err.
+void* cslm_native_open(const char* model_dir, size_t history_slots, const char* precision, char* err,
+                       size_t err_size) {
   try {
-    return new Native(model_dir, history_slots);
+    cslm::Precision p;
+    if (!cslm::ParsePrecision(precision, &p)) {
+      Say((std::string("precision ") + precision + ": not fp32 or int8").c_str(), err, err_size);
+      return 0;
+    }
+    return new Native(model_dir, history_slots, p);
   } catch (const std::exception& e) {
     Say(e.what(), err, err_size);
   } catch (...) {

@@ -136,7 +136,8 @@ void CSLM::Load(AllOptions::ptr const& opts) {
   bool self_normalized = false;
   if (m_port == -1) {  // in process: the model directory's weights
     try {
-      cslm::LocalBackend* local = new cslm::LocalBackend(m_opt.path, m_opt.self_norm, m_opt.history_cache, m_opt.floor);
+      cslm::LocalBackend* local = new cslm::LocalBackend(m_opt.path, m_opt.self_norm, m_opt.history_cache, m_opt.floor,
+                                                       m_opt.precision);
       m_backend.reset(local);
       self_normalized = local->self_normalized();
       if (self_normalized && !local->model().self_normalized())

@@ -33,6 +33,8 @@ bool CSLMOptions::Set(const std::string& who, const std::string& key, const std:
     future_cost = Scan<bool>(value) ? 1 : 0;
   } else if (key == "stats") {
     stats = Scan<bool>(value);
+  } else if (key == "precision") {
+    UTIL_THROW_IF2(!cslm::ParsePrecision(value, &precision), who << ": precision= must be fp32 or int8");
   } else if (key == "self-normalized") {
     UTIL_THROW_IF2(value != "auto" && value != "true" && value != "false",
                    who << ": self-normalized= must be auto, true or false");

@@ -27,7 +27,7 @@ class ScoreComponentCollection;
 struct CSLMOptions {
   CSLMOptions()
       : order(0), self_norm(-1), history_cache(16384), cache_size(kCacheSizeAuto), floor(-100.0f), future_cost(-1),
-        stats(false), factor(0) {}
+        stats(false), factor(0), precision(cslm::kFloat32) {}
   // Reads `key` if it is one of these options and returns true; false for another key. A bad
   // value throws, naming the feature (`who`).
   bool Set(const std::string& who, const std::string& key, const std::string& value);
@@ -45,6 +45,7 @@ struct CSLMOptions {
   int future_cost;       // future-cost=: 1 true, 0 false, -1 not given
   bool stats;            // stats=: one line per sentence on stderr
   FactorType factor;     // factor=: the target factor scored
+  cslm::Precision precision;  // precision=: in process, the layers after the first in fp32 or int8
 };
 
 // The value of moses.ini key `key` as a number within [lo, hi] (cslm::parse_number); else throws naming

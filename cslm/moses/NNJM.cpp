@@ -84,7 +84,8 @@ void NNJM::Load(AllOptions::ptr const& opts) {
   bool self_normalized = false;
   size_t table_mib = 0;
   try {
-    cslm::LocalBackend* local = new cslm::LocalBackend(m_opt.path, m_opt.self_norm, m_opt.history_cache, m_opt.floor);
+    cslm::LocalBackend* local =
+        new cslm::LocalBackend(m_opt.path, m_opt.self_norm, m_opt.history_cache, m_opt.floor, m_opt.precision);
     m_backend.reset(local);
     self_normalized = local->self_normalized();
     table_mib = local->model().table_bytes() / (1 << 20);
