@@ -199,8 +199,6 @@ class Engine:
 
         if evaluator not in ("auto", "native", "torch"):
             raise ValueError(f"evaluator must be auto, native or torch, got {evaluator!r}")
-        if precision not in ("fp32", "int8"):
-            raise ValueError(f"precision must be fp32 or int8, got {precision!r}")
         fits = not self.normalized and self.device.type == "cpu" and not self.joint
         needs_native = evaluator == "native" or precision != "fp32"
         if precision != "fp32" and evaluator == "torch":
