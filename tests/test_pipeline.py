@@ -415,6 +415,24 @@ def test_dry_run_server_mode(tmp_path, shared_data):
     assert r.returncode != 0 and "CSLM_MODE must be local or server" in r.stderr
 
 
+def test_dry_run_cslm_precision(tmp_path, shared_data):
+    """CSLM_PRECISION=int8: precision=int8 on the CSLM and NNJM lines in process, --precision int8 for the
+    server; by default neither; another value stops the plan in one line."""
+    data = str(shared_data / "en-fr")
+    plan = {}
+    for precision, mode in (("fp32", "local"), ("int8", "local"), ("int8", "server")):
+        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=data, CSLM_MODE=mode,
+                  CSLM_PRECISION=precision, SYSTEMS="cslm-rnn nnjm")
+        assert r.returncode == 0, r.stderr
+        plan[precision, mode] = r.stdout
+    assert "precision=" not in plan["fp32", "local"] and "--precision" not in plan["fp32", "local"]
+    assert "path=" + str(tmp_path / "w" / "cslm" / "model") + " precision=int8" in plan["int8", "local"]
+    assert "path=" + str(tmp_path / "w" / "nnjm" / "model") + " precision=int8" in plan["int8", "local"]
+    assert 'CSLM_SERVE_ARGS="--self-normalized --precision int8"' in plan["int8", "server"]
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), CSLM_PRECISION="int4")
+    assert r.returncode != 0 and "CSLM_PRECISION must be fp32 or int8, not int4" in r.stderr
+
+
 def test_dry_run_without_moses(tmp_path):
     # no data either: the plan is shown whether the default corpus folder exists or not
     r = _make("-n", "report", WORK=str(tmp_path / "w"), DATA=str(tmp_path / "no-data"))
