@@ -212,23 +212,45 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   for (; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 
 // kInt8 (cslm_local.h, "Precision"): r = the layer's input rounded to 8 bits,
-// r[i] = round(x[i] * 255 / max x) (to nearest, ties to even, as the vector
-// conversion rounds), zero past n up to n4; returns s_h = max x / 255 (0 for
-// an input of zeros). x >= 0: a ReLU's output.
-#define CSLM_QUANTIZE_BODY                                                \
+// r[i] = round(x[i] / s_h), s_h = max x / 255, zero past n up to n4; returns
+// s_h (0 for an input of zeros). x >= 0: a ReLU's output. W values at a
+// time: adding and subtracting kRound (1.5 x 2^23) rounds a float in
+// [0, 2^22) to the nearest integer, ties to even, as nearbyint does (which
+// the compiler leaves to a library call per value: a quarter of the
+// evaluator's time). A division, not a product with 1 / s_h: the compiler
+// may fuse a product and the addition into one multiply-add, where the
+// CPU has one, and round otherwise; every kernel must round alike.
+#define CSLM_QUANTIZE_BODY(V, VU, W)                                      \
+  typedef int32_t VI __attribute__((vector_size((W) * 4)));               \
+  typedef uint8_t VB __attribute__((vector_size(W)));                     \
+  const float kRound = 12582912.0f;                                       \
+  V most = V{};                                                           \
+  size_t i = 0;                                                           \
+  for (; i + (W) <= n; i += (W)) {                                        \
+    const V v = *reinterpret_cast<const VU*>(x + i);                      \
+    most = v > most ? v : most;                                           \
+  }                                                                       \
   float top = 0.0f;                                                       \
-  for (size_t i = 0; i < n; ++i) top = x[i] > top ? x[i] : top;           \
+  for (size_t l = 0; l < (W); ++l) top = most[l] > top ? most[l] : top;   \
+  for (size_t k = i; k < n; ++k) top = x[k] > top ? x[k] : top;           \
   if (top == 0.0f) {                                                      \
     std::memset(r, 0, n4);                                                \
     return 0.0f;                                                          \
   }                                                                       \
-  const float inv = 255.0f / top;                                         \
-  for (size_t i = 0; i < n; ++i) {                                        \
-    const float v = std::nearbyint(x[i] * inv);                           \
+  const float sh = top / 255.0f;                                          \
+  const V step = V{} + sh, round = V{} + kRound, most255 = V{} + 255.0f;  \
+  for (i = 0; i + (W) <= n; i += (W)) {                                   \
+    V v = (*reinterpret_cast<const VU*>(x + i) / step + round) - round;   \
+    v = v < most255 ? v : most255;                                        \
+    const VB b = __builtin_convertvector(__builtin_convertvector(v, VI), VB); \
+    std::memcpy(r + i, &b, (W));                                          \
+  }                                                                       \
+  for (; i < n; ++i) {                                                    \
+    const float v = (x[i] / sh + kRound) - kRound;                        \
     r[i] = static_cast<uint8_t>(v < 255.0f ? v : 255.0f);                 \
   }                                                                       \
-  for (size_t i = n; i < n4; ++i) r[i] = 0;                               \
-  return top / 255.0f;
+  for (; i < n4; ++i) r[i] = 0;                                           \
+  return sh;
 
 // acc[j] = sum_i r[i] q_j[i] for j < out16, over groups of four inputs (the
 // layout of Layer::q): exact in 32 bits for any order of the sums.
@@ -243,9 +265,18 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
                 rg[3] * w[4 * j + 3];                                     \
   }
 
-// y[j] = relu(bias[j] + acc[j] * (s_h * scale[j])), j < n
-#define CSLM_DEQUANT_RELU_BODY                                            \
-  for (size_t j = 0; j < n; ++j) {                                        \
+// y[j] = relu(bias[j] + acc[j] * (s_h * scale[j])), j < n; W at a time
+#define CSLM_DEQUANT_RELU_BODY(V, VU, W)                                  \
+  typedef int32_t VIu __attribute__((vector_size((W) * 4), aligned(4), may_alias)); \
+  const V step = V{} + sh, zero = V{};                                    \
+  size_t j = 0;                                                           \
+  for (; j + (W) <= n; j += (W)) {                                        \
+    const V v = *reinterpret_cast<const VU*>(bias + j) +                  \
+                __builtin_convertvector(*reinterpret_cast<const VIu*>(acc + j), V) * \
+                    (step * *reinterpret_cast<const VU*>(scale + j));     \
+    *reinterpret_cast<VU*>(y + j) = v > zero ? v : zero;                  \
+  }                                                                       \
+  for (; j < n; ++j) {                                                    \
     const float v = bias[j] + static_cast<float>(acc[j]) * (sh * scale[j]); \
     y[j] = v > 0.0f ? v : 0.0f;                                           \
   }
@@ -260,11 +291,11 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }                   \
   ATTR float Quantize##SUFFIX(size_t n, size_t n4, const float* __restrict x, uint8_t* __restrict r) {   \
-    CSLM_QUANTIZE_BODY                                                                                   \
+    CSLM_QUANTIZE_BODY(V, VU, W)                                                                         \
   }                                                                                                      \
   ATTR void DequantRelu##SUFFIX(size_t n, const int32_t* __restrict acc, float sh,                       \
                                 const float* __restrict scale, const float* __restrict bias,             \
-                                float* __restrict y) { CSLM_DEQUANT_RELU_BODY }
+                                float* __restrict y) { CSLM_DEQUANT_RELU_BODY(V, VU, W) }
 
 CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
 void GemvI8Base(const int8_t* __restrict q, size_t groups, size_t out16, const uint8_t* __restrict r,
