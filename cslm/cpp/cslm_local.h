@@ -51,8 +51,8 @@
 //     and then
 //       h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i])
 //     with the sum exact in 32-bit integers: AVX-512 VNNI's vpdpbusd where
-//     the CPU has it (about 1.5x the n-grams/s of kFloat32 for `small`),
-//     AVX2's vpmaddwd (level with kFloat32), or a plain loop (slower).
+//     the CPU has it (about twice the n-grams/s of kFloat32), AVX2's
+//     vpmaddwd (level with kFloat32), or a plain loop (several times slower).
 //     The first layer, the output layer and ln Z stay float32. The scores
 //     move by a few thousandths of a nat on average
 //     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
