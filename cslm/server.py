@@ -434,10 +434,9 @@ class Server:
         d["model"] = {"order": self.engine.order, "vocab_size": len(self.engine.vocab), "mode": self.engine.mode,
                       "scores": self.engine.scores, "device": str(self.engine.device)}
         d["model"]["evaluator"] = self.evaluator
-        if self.engine.native is not None:
-            d["model"]["precision"] = self.engine.native.precision
         hc, native = self.engine.history_cache, self.engine.native
         if native is not None:  # one cache of `history_slots` rows, shared by the evaluator's threads
+            d["model"]["precision"] = native.precision
             hits, misses = native.cache_counts()
             d["history_cache"] = {"hits": hits, "misses": misses, "size": None, "capacity": native.history_slots}
         elif hc is not None:
