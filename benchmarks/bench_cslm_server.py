@@ -12,9 +12,9 @@ one request of --request n-grams in flight at a time, as a decoder thread would:
 connection, several asyncio ones. From each run's server, the medians of its requests' latency inside it
 (payload read to reply written) and of its engine calls (one per batch), and its batches' mean size.
 Latency: one blocking client sending requests of 1 and of 16 n-grams.
---self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities; on a
-CPU both then compute with --evaluator (`cslm serve --evaluator`: auto takes the C++ one where it is built),
-neither with a history cache.
+--self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities; both
+then compute with --evaluator (`cslm serve --evaluator`: auto takes the C++ one on a CPU where it is built,
+CUDA graphs on a GPU), neither with a history cache.
 --server-cpus: the engine alone and the server run on these CPUs (one thread each by default), the clients
 on the others, so that the clients' own work does not take the server's cores.
 Prints a JSON report (and writes it with --json).
@@ -146,8 +146,9 @@ def main() -> None:
                     help="keep the server, and the engine alone, on these CPUs (e.g. 1), the clients on the others")
     ap.add_argument("--self-normalized", action="store_true",
                     help="both sides answer o_w (premultiplied first layer, one output row), as Moses asks")
-    ap.add_argument("--evaluator", choices=["auto", "native", "torch"], default="auto",
-                    help="with --self-normalized on a CPU: who computes, on both sides [%(default)s]")
+    ap.add_argument("--evaluator", choices=["auto", "native", "graphs", "torch"], default="auto",
+                    help="with --self-normalized: who computes, on both sides (`cslm serve --evaluator`) "
+                         "[%(default)s]")
     ap.add_argument("--json", help="also write the report here")
     a = ap.parse_args()
 
@@ -165,8 +166,8 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     engine = Engine.load(a.model_dir, device=a.device, normalized=not a.self_normalized)
     evaluator = "torch"
-    if a.self_normalized and engine.device.type == "cpu":  # as the server chooses (cslm.server.Server)
-        evaluator = engine.use_evaluator(a.evaluator, 0)
+    if a.self_normalized:  # as the server chooses (cslm.server.Server)
+        evaluator = engine.use_evaluator(a.evaluator, 0, max_rows=a.max_batch)
     grams = load_ngrams(engine, a.text, a.ngrams)
     report = {
         "model": engine.model.config.to_dict(),

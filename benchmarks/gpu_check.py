@@ -25,7 +25,10 @@ Checks, in order (later ones use what earlier ones trained; the CSLM's first, th
                 n-grams) and self-normalised ones (--self-normalized, the mode Moses uses;
                 requests of 1,024, about a decoder's): the engine alone (Engine.score_ids)
                 and through `cslm serve` with 1 and 8 clients (target: through the server
-                >= 0.8 of the engine);
+                >= 0.8 of the engine), both sides with the default evaluator (CUDA graphs
+                on a GPU, the C++ one on a CPU);
+  cslm_server_sn_torch
+                the self-normalised check with torch's eager path (--evaluator torch);
   cslm_decode   benchmarks/bench_cslm_decode.py with --moses, else skipped: on that paper-size
                 model, in process (CPU) and through the server (buffered, cube pruning,
                 buffer=65536, the run ahead with every feature and on estimated scores with
@@ -157,7 +160,8 @@ DRY = Sizes(
 )
 
 # per check: its own timeout (seconds), within what is left of --budget
-TIMEOUTS = {"matmul": 30, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60, "cslm_decode": 300,
+TIMEOUTS = {"matmul": 30, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn": 60, "cslm_server_sn_torch": 60,
+            "cslm_decode": 300,
             "train_paper": 120, "train_batch": 80, "score_fp32": 90, "score_bf16": 90,
             "score_sharded": 90, "score_workers": 150, "train_sent": 80, "translate": 40, "rescore_nbest": 60}
 
@@ -166,7 +170,8 @@ TIMEOUTS = {"matmul": 30, "cslm_train": 80, "cslm_server": 60, "cslm_server_sn":
 NEEDS = {"train_paper": ["matmul"], "train_batch": ["matmul"], "score_fp32": ["train_paper"],
          "score_bf16": ["score_fp32"], "score_sharded": ["score_fp32"], "score_workers": ["score_fp32"],
          "translate": ["train_sent"], "rescore_nbest": ["train_sent"], "cslm_train": ["matmul"],
-         "cslm_server": ["cslm_train"], "cslm_server_sn": ["cslm_train"], "cslm_decode": ["cslm_train"]}
+         "cslm_server": ["cslm_train"], "cslm_server_sn": ["cslm_train"], "cslm_server_sn_torch": ["cslm_train"],
+         "cslm_decode": ["cslm_train"]}
 
 
 def with_needs(names: list[str]) -> set[str]:
@@ -447,6 +452,9 @@ class GpuCheck:
                                                Target("server_many_clients_vs_engine", ">=", 0.8)]),
             ("cslm_server_sn", lambda c: self.cslm_server(c, self_normalized=True),
              [Target("server_1_client_vs_engine", ">=", 0.8), Target("server_many_clients_vs_engine", ">=", 0.8)]),
+            # the same with torch's eager path, against which the default's evaluator (CUDA graphs on a GPU, the
+            # C++ one on a CPU) is measured
+            ("cslm_server_sn_torch", lambda c: self.cslm_server(c, self_normalized=True, evaluator="torch"), []),
             # <= 5x: the paper-size CSLM through a GPU server, and any CSLM through a server on the decoder's cores
             ("cslm_decode", self.cslm_decode, [Target("best_ratio_to_baseline", "<=", 5.0)]),
             ("train_paper", self.train_paper, [Target("fraction_of_bf16_matmul", ">=", 0.4, gpu_only=True)]),
@@ -668,21 +676,22 @@ class GpuCheck:
         return {"ngrams_per_s": round(rate, 1), "dtype": summary["dtype"], "gflop_per_ngram": round(flops / 1e9, 5),
                 "model_tflops": round(rate * flops / 1e12, 4), **self.matmul_fractions(rate * flops)}
 
-    def cslm_server(self, c: Check, self_normalized: bool = False) -> dict:
+    def cslm_server(self, c: Check, self_normalized: bool = False, evaluator: str = "auto") -> dict:
         """bench_cslm_server.py: the engine alone and through `cslm serve`, exact scores or (the mode Moses
-        uses) self-normalised ones."""
+        uses) self-normalised ones computed by `evaluator`."""
         if "cslm_model" not in self.state:
             raise Skip("no CSLM model (cslm_train failed)")
-        report_path = os.path.join(self.work, f"cslm_server{'_sn' if self_normalized else ''}.json")
+        report_path = os.path.join(self.work, f"cslm_server{'_sn' if self_normalized else ''}_{evaluator}.json")
         # self-normalised, as Moses asks: requests of about a decoder's size (1,072 n-grams a request through
         # the server, docs/cslm.md); exact: the benchmark's 256
         c.run([sys.executable, str(HERE / "bench_cslm_server.py"), self.state["cslm_model"], self.cslm_text(),
                "--device", self.device, *self.sizes.server_args, "--json", report_path,
-               *(["--self-normalized", "--request", str(DECODER_REQUEST)] if self_normalized else [])])
+               *(["--self-normalized", "--request", str(DECODER_REQUEST), "--evaluator", evaluator]
+                 if self_normalized else [])])
         with open(report_path, encoding="utf-8") as f:
             rep = json.load(f)
         many = max(int(k.split("_")[1]) for k in rep if re.fullmatch(r"server_\d+_clients_ngrams_per_s", k))
-        return {"scores": rep["scores"], "request_ngrams": rep["request_ngrams"],
+        return {"scores": rep["scores"], "evaluator": rep["evaluator"], "request_ngrams": rep["request_ngrams"],
                 "engine_ngrams_per_s": rep["in_process_ngrams_per_s"],
                 "server_1_client_ngrams_per_s": rep["server_1_clients_ngrams_per_s"],
                 f"server_{many}_clients_ngrams_per_s": rep[f"server_{many}_clients_ngrams_per_s"],

@@ -344,15 +344,17 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
               help="N-gram cache entries shared by every client (0: none). Off by default: Moses's CSLM feature "
                    "caches per decoder thread, and in decoding the server's cache answered 1% of the n-grams "
                    "and cost more than it saved; it pays for clients that repeat n-grams.")
-@click.option("--evaluator", type=click.Choice(["auto", "native", "torch"]), default="auto", show_default=True,
-              help="With --self-normalized on a CPU, who computes: native, the C++ evaluator of Moses's in-process "
+@click.option("--evaluator", type=click.Choice(["auto", "native", "graphs", "torch"]), default="auto",
+              show_default=True,
+              help="With --self-normalized, who computes: native, on a CPU, the C++ evaluator of Moses's in-process "
                    "mode (one history at a time, a request's rows split over --threads cores; the faster on a "
-                   "decoder's requests); torch, batched matrix products on --threads cores; auto, native where the "
-                   "install built it.")
+                   "decoder's requests); graphs, on a GPU, the network recorded as CUDA graphs, replayed with one "
+                   "launch a request; torch, batched matrix products; auto, native on a CPU where the install "
+                   "built it, graphs on a GPU.")
 @click.option("--history-cache", type=click.IntRange(min=0),
-              help="With --self-normalized on a CPU: rows of a cache of last hidden layers by history, so that an "
+              help="With --self-normalized: rows of a cache of last hidden layers by history, so that an "
                    "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "
-                   "the C++ evaluator's threads share one). 0: none "
+                   "the C++ evaluator's threads share one; CUDA graphs keep none). 0: none "
                    "[16384 native, 0 torch].")
 @click.option("--precision", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
               help="The C++ evaluator's layers after the first: int8 stores their weights in 8 bits and rounds "

@@ -11,6 +11,7 @@ docs/cslm.md, "Library", "What the numbers mean" and "Self-normalised scoring".
 from __future__ import annotations
 
 import math
+import sys
 from typing import Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ from mtcommon.vocab import BOS, EOS, Vocabulary
 
 from . import modeldir
 from .data import sentence_rows
+from .graphs import GraphScorer
 from .ngrams import left_pad, sentence_ngrams
 from .model import CSLM
 from .protocol import BACKOFF, UNKNOWN  # noqa: F401 (re-exported)
@@ -163,6 +165,7 @@ class Engine:
         self._tables: torch.Tensor | None = None
         self.history_cache: HistoryCache | None = None  # `cache_histories`
         self.native = None  # cslm.native.NativeModel: the self-normalised path in C++ (`use_evaluator`)
+        self.graphs = None  # cslm.graphs.GraphScorer: the self-normalised path on a GPU as CUDA graphs (`use_evaluator`)
 
     @classmethod
     def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048,
@@ -181,33 +184,44 @@ class Engine:
         cfg = self.model.config
         self.history_cache = HistoryCache(capacity, cfg.context, cfg.hidden[-1], self.device) if capacity > 0 else None
 
-    def use_evaluator(self, evaluator: str, history_cache: int | None, precision: str = "fp32") -> str:
-        """Who computes self-normalised scores on a CPU; returns the one chosen, "native" or "torch".
+    def use_evaluator(self, evaluator: str, history_cache: int | None, precision: str = "fp32",
+                      max_rows: int = 8192) -> str:
+        """Who computes self-normalised scores; returns the one chosen, "native", "graphs" or "torch".
 
-        * "native": the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time, a
-          call's rows shared out over as many threads as torch has, which share one cache of `history_cache`
+        * "native": on a CPU, the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time,
+          a call's rows shared out over as many threads as torch has, which share one cache of `history_cache`
           last hidden layers (None: NATIVE_HISTORY_SLOTS), its layers after the first in `precision` ("fp32",
           or "int8": cslm_local.h, "Precision");
+        * "graphs": on a GPU, the same network recorded as CUDA graphs over batch sizes up to `max_rows`
+          (cslm.graphs), replayed with one launch a call;
         * "torch": this engine's batched path (`_chunk_self_normalized`), with a `HistoryCache` of
           `history_cache` rows (None: none);
-        * "auto": "native" where the library is built, else "torch".
+        * "auto": "native" on a CPU where the library is built, "graphs" on a GPU (unless a history cache is
+          asked for, which is torch's), else "torch".
 
-        The two give the same scores within float rounding (the C++ sums in another order). Exact scores, a
-        GPU and a joint model (which the server does not serve) keep torch: a UserError if "native" or "int8"
-        is asked."""
+        They give the same scores within float rounding. Exact scores keep torch, as does a joint model on a CPU
+        (which the server does not serve): a UserError if "native", "graphs" or "int8" is asked where it does
+        not apply. On a GPU where "auto" finds the graphs cannot be recorded, a one-line warning and torch."""
         from . import native
 
-        if evaluator not in ("auto", "native", "torch"):
-            raise ValueError(f"evaluator must be auto, native or torch, got {evaluator!r}")
+        if evaluator not in ("auto", "native", "torch", "graphs"):
+            raise ValueError(f"evaluator must be auto, native, graphs or torch, got {evaluator!r}")
         fits = not self.normalized and self.device.type == "cpu" and not self.joint
+        gpu_fits = not self.normalized and self.device.type == "cuda"
         needs_native = evaluator == "native" or precision != "fp32"
-        if precision != "fp32" and evaluator == "torch":
-            raise ValueError(f"precision {precision} is the C++ evaluator's, not torch's")
+        if precision != "fp32" and evaluator in ("torch", "graphs"):
+            raise ValueError(f"precision {precision} is the C++ evaluator's, not {evaluator}'s")
         if needs_native and not fits:
             why = "as a joint model" if self.joint else "with exact scores" if self.normalized else f"on {self.device}"
             fix = "--evaluator torch" if precision == "fp32" else f"--precision {precision} does not apply"
             raise UserError(f"the C++ evaluator computes a plain CSLM's self-normalised scores (--self-normalized) "
                             f"on a CPU; {self.name} is served {why}: {fix}")
+        if evaluator == "graphs" and (not gpu_fits or history_cache):
+            why = "with exact scores" if self.normalized else f"on {self.device}" if not gpu_fits else \
+                f"with a history cache of {history_cache} rows"
+            raise UserError(f"CUDA graphs replay a model's self-normalised scores (--self-normalized) on a GPU, "
+                            f"without a history cache; {self.name} is served {why}: --evaluator torch")
+        self.native = self.graphs = None
         if needs_native or (evaluator == "auto" and fits and native.library_path() is not None):
             model = native.NativeModel(self.name, NATIVE_HISTORY_SLOTS if history_cache is None else history_cache,
                                        torch.get_num_threads(), precision)
@@ -216,7 +230,15 @@ class Engine:
                                 f"{model.vocab_size} words, torch order {self.order} and {len(self.vocab)}")
             self.native, self.history_cache = model, None
             return "native"
-        self.native = None
+        if evaluator == "graphs" or (evaluator == "auto" and gpu_fits and not history_cache):
+            try:
+                self.graphs = GraphScorer(self.model, self.tables, self.device, max_rows, name=self.name)
+                self.history_cache = None
+                return "graphs"
+            except UserError as e:
+                if evaluator == "graphs":
+                    raise
+                print(f"cslm: warning: {e}", file=sys.stderr)
         self.cache_histories(history_cache or 0)
         return "torch"
 
@@ -303,8 +325,8 @@ class Engine:
     def score_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`score_ids` of rows already padded (`pad`, `left_pad`, `word_rows`): (N, order) int32, contiguous."""
         flags = (rows[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
-        if self.native is not None and not self.normalized:
-            out = self.native.score(rows, normalized=False)
+        if not self.normalized and (self.native is not None or self.graphs is not None):
+            out = self.graphs.score(rows) if self.graphs is not None else self.native.score(rows, normalized=False)
             check_finite(out, self.name, lambda i: f"for n-gram {i + 1} of {len(out)}")
             return out, flags
         out = self._run(rows, self._chunk if self.normalized else self._chunk_self_normalized, 1)

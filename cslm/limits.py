@@ -22,7 +22,7 @@ class ServerConfig:
     max_batch: int = 8192  # n-grams per engine call
     max_delay: float = 0.0002  # seconds a request may wait for others to fill a batch (at most MAX_DELAY_US)
     cache_size: int = 0  # n-grams in the server's cache (cslm.ngram_cache); 0: none (decoders cache their own)
-    evaluator: str = "auto"  # self-normalised scores on a CPU: "native" (C++), "torch", "auto" (Engine.use_evaluator)
+    evaluator: str = "auto"  # self-normalised: "native" (CPU), "graphs" (CUDA), "torch", "auto" (Engine.use_evaluator)
     history_cache: int | None = None  # rows of the history cache (self-normalised, CPU); None: the evaluator's default
     precision: str = "fp32"  # the C++ evaluator's layers after the first: "fp32" or "int8" (cslm_local.h, Precision)
     max_frame: int = P.DEFAULT_MAX_FRAME
@@ -59,7 +59,7 @@ def check_config(cfg: ServerConfig) -> None:
         raise UserError(f"{OPTIONS['history_cache']} must be at least 0, got {cfg.history_cache}")
     if cfg.precision not in ("fp32", "int8"):
         raise UserError(f"--precision must be fp32 or int8, got {cfg.precision!r}")
-    if cfg.precision != "fp32" and cfg.evaluator == "torch":
+    if cfg.precision != "fp32" and cfg.evaluator in ("torch", "graphs"):
         raise UserError(f"--precision {cfg.precision} is the C++ evaluator's: --evaluator auto or native")
     if cfg.frame_timeout <= 0:
         raise UserError(f"{OPTIONS['frame_timeout']} must be above 0, got {cfg.frame_timeout}")

@@ -96,12 +96,12 @@ class Server:
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
         self.evaluator = "torch"
-        if ((not engine.normalized and engine.device.type == "cpu") or self.cfg.evaluator == "native"
-                or self.cfg.precision != "fp32"):
-            # the self-normalised path on a CPU: the C++ evaluator of Moses's in-process mode, or torch's; a
-            # history met again costs one output row. On a GPU the hidden layers cost less than the cache's
-            # bookkeeping (docs/cslm.md, "Server")
-            self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache, self.cfg.precision)
+        if not engine.normalized or self.cfg.evaluator != "auto" or self.cfg.precision != "fp32":
+            # the self-normalised path: on a CPU the C++ evaluator of Moses's in-process mode, or torch's, where a
+            # history met again costs one output row; on a GPU CUDA graphs, where the hidden layers cost less
+            # than the launches of an eager call and its bookkeeping (docs/cslm.md, "Server")
+            self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache, self.cfg.precision,
+                                                  self.cfg.max_batch)
         self.budget = ByteBudget(self.cfg.max_total_bytes)
         v = engine.vocab
         self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,

@@ -132,9 +132,10 @@ def startup_message(engine, host: str, port: int, name: str | None = None) -> st
     what = f" {name}" if name else ""
     scores = "" if engine.normalized else \
         "; self-normalized scores o_w, no softmax: log-probabilities only if the model was trained with --self-norm"
-    native = engine.native
+    native, graphs = engine.native, engine.graphs
     device = f"device {engine.device}" + ("" if native is None else ", the C++ evaluator" + (
-        f" ({native.precision} layers after the first)" if native.precision != "fp32" else ""))
+        f" ({native.precision} layers after the first)" if native.precision != "fp32" else "")) + (
+        "" if graphs is None else f", CUDA graphs of {len(graphs.sizes)} batch sizes up to {graphs.sizes[-1]}")
     return (f"cslm: serving{what} on {host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
             f"mode {engine.mode}, {device}{scores})")
 

@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check  # noqa: E402
 
-CHECKS = ["matmul", "cslm_train", "cslm_server", "cslm_server_sn", "cslm_decode", "train_paper", "train_batch",
-          "score_fp32", "score_bf16", "score_sharded", "score_workers", "train_sent", "translate", "rescore_nbest"]
+CHECKS = ["matmul", "cslm_train", "cslm_server", "cslm_server_sn", "cslm_server_sn_torch", "cslm_decode",
+          "train_paper", "train_batch", "score_fp32", "score_bf16", "score_sharded", "score_workers", "train_sent", "translate", "rescore_nbest"]
 
 
 def _finite(v) -> bool:
@@ -56,6 +56,12 @@ def test_dry_run_writes_every_check(tmp_path):
     # the self-normalised server check asks with a decoder's request size, the exact one with the benchmark's
     assert checks["cslm_server_sn"]["figures"]["request_ngrams"] == gpu_check.DECODER_REQUEST
     assert checks["cslm_server"]["figures"]["request_ngrams"] == 256
+    # the default evaluator of a CPU, then torch's, which it is measured against
+    from cslm import native
+    want = "native" if native.library_path() is not None else "torch"
+    assert checks["cslm_server_sn"]["figures"]["evaluator"] == want
+    assert checks["cslm_server_sn_torch"]["figures"]["evaluator"] == "torch"
+    assert checks["cslm_server"]["figures"]["evaluator"] == "torch"
     assert checks["score_sharded"]["figures"]["identical_to_unsharded"] is True
     assert checks["score_fp32"]["figures"]["processes"] >= 1  # the default's, which score_workers compares with
     assert checks["score_workers"]["figures"]["identical_to_default"] is True

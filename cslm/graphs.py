@@ -1,0 +1,146 @@
+"""Self-normalised scores on a GPU as CUDA graphs, replayed over fixed batch sizes.
+
+On a GPU the self-normalised network of a decoder's request (a premultiplied first layer, the layers after it
+and one output row per n-gram: `CSLM.features_from_tables`, `CSLM.output_rows`) is a few hundred microseconds
+of the host's work and a few dozen of the GPU's: the engine's eager path de-duplicates the histories on the
+host, then dispatches a dozen operations, each its own kernel launch, and stages every transfer through newly
+pinned memory. A CUDA graph records the whole computation once per batch size and replays it with one launch.
+
+`GraphScorer.score` takes (N, width) padded rows (the engine's `score_rows`), copies them into a pinned
+staging buffer, and per part of at most the largest bucket:
+
+    1. one copy of the part's rows to the device, into the static input of the smallest bucket that holds it
+       (buckets: 64, 128, ..., `max_rows` rows; the rows past the part are left as they were, valid ids);
+    2. one replay of that bucket's graph: o_w = out.weight[w] . h(history) + out.bias[w] for every row, h from
+       the premultiplied first layer and the rectified layers after it (docs/cslm.md, "Self-normalised
+       scoring"), the same functions the eager path calls;
+    3. one copy of the part's scores back to pinned memory;
+
+and waits once for the last part. Deviations from the eager path: every row computes its own history (no
+de-duplication: on a GPU the arithmetic of a repeated history costs less than the host's sorting), and a
+row's scores are those of its bucket's batch size, equal to the eager path's within float rounding (the
+matrix products' kernels may sum in another order for another size).
+
+Without CUDA (`capture=False`) the same buckets run eagerly: the bucketing, staging and splitting are then
+testable on a CPU.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from mtcommon.errors import UserError
+
+# The smallest bucket: a lone n-gram's request pads to it (on a GPU 64 rows cost what one does).
+MIN_ROWS = 64
+# Rows staged on the host at a time: a call of more is scored in parts of this many, one wait each.
+STAGING_ROWS = 1 << 18
+
+
+def buckets(max_rows: int) -> list[int]:
+    """The batch sizes with a graph of their own: powers of two from MIN_ROWS, and `max_rows` last."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be at least 1, got {max_rows}")
+    sizes, b = [], MIN_ROWS
+    while b < max_rows:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_rows]
+
+
+class GraphScorer:
+    """`score(rows)` -> o_w of each padded row, for one self-normalised model on one device (module docstring).
+    One call at a time (a lock keeps it so): the staging buffers and the graphs' inputs are shared."""
+
+    def __init__(self, model, tables: torch.Tensor, device: torch.device, max_rows: int = 8192,
+                 capture: bool | None = None, name: str = "the model"):
+        """`model` a CSLM in eval mode, `tables` its `first_layer_tables` on `device`; `max_rows` the largest
+        bucket (the server's --max-batch); `capture` records CUDA graphs (None: when `device` is CUDA). A
+        failed capture is a UserError naming the model."""
+        self.model, self.tables, self.device = model, tables, torch.device(device)
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.width = model.config.context + 1  # a row: the history (and a joint model's source window), the word
+        self.sizes = buckets(max_rows)
+        pin = self.device.type == "cuda"
+        # pinned host memory, written by numpy and read by the copies to and from the device; zeros are valid ids
+        self._rows_host = torch.zeros((min(STAGING_ROWS, self.sizes[-1] * 32), self.width), dtype=torch.int64,
+                                      pin_memory=pin)
+        self._out_host = torch.zeros(len(self._rows_host), dtype=torch.float32, pin_memory=pin)
+        self._inputs = {b: torch.zeros((b, self.width), dtype=torch.int64, device=self.device) for b in self.sizes}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._lock = threading.Lock()
+        try:
+            with torch.no_grad():
+                self._record()
+        except RuntimeError as e:  # the CUDA runtime's refusal (out of memory included), in one line
+            raise UserError(f"{name}: CUDA graphs of its self-normalised scores could not be recorded on "
+                            f"{self.device}: {str(e).splitlines()[0]} (--evaluator torch scores without them)") from None
+
+    def _forward(self, rows: torch.Tensor) -> torch.Tensor:
+        """(B, width) ids -> (B,) o_w: the premultiplied first layer, the layers after it, one output row each."""
+        h = self.model.features_from_tables(self.tables, rows[:, :-1])
+        return self.model.output_rows(h, rows[:, -1])
+
+    def _record(self) -> None:
+        """Each bucket's graph (largest first, so the smaller ones reuse its memory pool), after a warm-up on a
+        side stream as CUDA graphs require; without capture, nothing to record."""
+        if not self.capture:
+            return
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for b in self.sizes:
+                for _ in range(2):
+                    self._forward(self._inputs[b])
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.sizes):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._outputs[b] = self._forward(self._inputs[b])
+            self._graphs[b] = graph
+        torch.cuda.synchronize(self.device)
+
+    def bucket(self, n: int) -> int:
+        """The smallest batch size with a graph that holds `n` rows (1 <= n <= the largest)."""
+        return self.sizes[int(np.searchsorted(self.sizes, n))]
+
+    @torch.no_grad()
+    def score(self, rows: np.ndarray) -> np.ndarray:
+        """(N, width) padded, valid ids (`Engine.score_rows`'s rows) -> (N,) float32 o_w."""
+        if rows.ndim != 2 or rows.shape[1] != self.width:
+            raise ValueError(f"rows must be an (N, {self.width}) array, got shape {rows.shape}")
+        out = np.empty(len(rows), np.float32)
+        staged = len(self._rows_host)
+        with self._lock:
+            for start in range(0, len(rows), staged):
+                part = rows[start : start + staged]
+                out[start : start + len(part)] = self._score_staged(part)
+        return out
+
+    def _score_staged(self, rows: np.ndarray) -> np.ndarray:
+        """`score` of at most the staging buffer's rows: one copy in, a replay and one copy out per bucketful,
+        one wait at the end."""
+        host_rows, host_out = self._rows_host.numpy(), self._out_host.numpy()
+        host_rows[: len(rows)] = rows
+        top = self.sizes[-1]
+        for at in range(0, len(rows), top):
+            n = min(top, len(rows) - at)
+            b = self.bucket(n)
+            static_in = self._inputs[b]
+            static_in[:n].copy_(self._rows_host[at : at + n], non_blocking=True)
+            if self.capture:
+                self._graphs[b].replay()
+                result = self._outputs[b]
+            else:
+                result = self._forward(static_in)
+            self._out_host[at : at + n].copy_(result[:n], non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return host_out[: len(rows)].copy()
