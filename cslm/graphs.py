@@ -88,8 +88,9 @@ class GraphScorer:
         return self.model.output_rows(h, rows[:, -1])
 
     def _record(self) -> None:
-        """Each bucket's graph (largest first, so the smaller ones reuse its memory pool), after a warm-up on a
-        side stream as CUDA graphs require; without capture, nothing to record."""
+        """Each bucket's graph, after a warm-up on a side stream as CUDA graphs require; without capture, nothing
+        to record. Each keeps a memory pool of its own, so that any may be replayed after any other (together
+        about twice the largest one's: some 0.5 GB for the paper-size CSLM's 8,192 rows)."""
         if not self.capture:
             return
         side = torch.cuda.Stream(self.device)
@@ -99,10 +100,9 @@ class GraphScorer:
                 for _ in range(2):
                     self._forward(self._inputs[b])
         torch.cuda.current_stream(self.device).wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.sizes):
+        for b in self.sizes:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph):
                 self._outputs[b] = self._forward(self._inputs[b])
             self._graphs[b] = graph
         torch.cuda.synchronize(self.device)
