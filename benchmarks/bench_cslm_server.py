@@ -12,9 +12,9 @@ one request of --request n-grams in flight at a time, as a decoder thread would:
 connection, several asyncio ones. From each run's server, the medians of its requests' latency inside it
 (payload read to reply written) and of its engine calls (one per batch), and its batches' mean size.
 Latency: one blocking client sending requests of 1 and of 16 n-grams.
---self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities; both
-then compute with --evaluator (`cslm serve --evaluator`: auto takes the C++ one on a CPU where it is built,
-CUDA graphs on a GPU), neither with a history cache.
+--self-normalized: both sides answer o_w (the scores Moses asks for), else exact log-probabilities. Both
+compute with --evaluator (`cslm serve --evaluator`: auto takes CUDA graphs on a GPU, and the C++ evaluator
+for self-normalised scores on a CPU where it is built), neither with a history cache.
 --server-cpus: the engine alone and the server run on these CPUs (one thread each by default), the clients
 on the others, so that the clients' own work does not take the server's cores.
 Prints a JSON report (and writes it with --json).
@@ -118,8 +118,7 @@ def start_server(model_dir: str, device: str, threads: int | None, max_batch: in
            "--cache-size", "0", "--history-cache", "0", "--device", device, "--max-batch", str(max_batch), "--max-delay-us", str(max_delay_us)]
     if threads:
         cmd += ["--threads", str(threads)]
-    if self_normalized:
-        cmd += ["--self-normalized", "--evaluator", evaluator]
+    cmd += ["--evaluator", evaluator] + (["--self-normalized"] if self_normalized else [])
     proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL, preexec_fn=pinned(cpus))
     while not os.path.exists(port_file):
         if proc.poll() is not None:
@@ -147,8 +146,7 @@ def main() -> None:
     ap.add_argument("--self-normalized", action="store_true",
                     help="both sides answer o_w (premultiplied first layer, one output row), as Moses asks")
     ap.add_argument("--evaluator", choices=["auto", "native", "graphs", "torch"], default="auto",
-                    help="with --self-normalized: who computes, on both sides (`cslm serve --evaluator`) "
-                         "[%(default)s]")
+                    help="who computes, on both sides (`cslm serve --evaluator`) [%(default)s]")
     ap.add_argument("--json", help="also write the report here")
     a = ap.parse_args()
 
@@ -166,7 +164,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     engine = Engine.load(a.model_dir, device=a.device, normalized=not a.self_normalized)
     evaluator = "torch"
-    if a.self_normalized:  # as the server chooses (cslm.server.Server)
+    if a.self_normalized or engine.device.type == "cuda" or a.evaluator != "auto":  # as the server (cslm.server)
         evaluator = engine.use_evaluator(a.evaluator, 0, max_rows=a.max_batch)
     grams = load_ngrams(engine, a.text, a.ngrams)
     report = {

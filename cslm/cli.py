@@ -346,11 +346,11 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
                    "and cost more than it saved; it pays for clients that repeat n-grams.")
 @click.option("--evaluator", type=click.Choice(["auto", "native", "graphs", "torch"]), default="auto",
               show_default=True,
-              help="With --self-normalized, who computes: native, on a CPU, the C++ evaluator of Moses's in-process "
+              help="Who computes: native, with --self-normalized on a CPU, the C++ evaluator of Moses's in-process "
                    "mode (one history at a time, a request's rows split over --threads cores; the faster on a "
                    "decoder's requests); graphs, on a GPU, the network recorded as CUDA graphs, replayed with one "
-                   "launch a request; torch, batched matrix products; auto, native on a CPU where the install "
-                   "built it, graphs on a GPU.")
+                   "launch a request; torch, batched matrix products; auto, native for self-normalised scores on a "
+                   "CPU where the install built it, graphs on a GPU, else torch.")
 @click.option("--history-cache", type=click.IntRange(min=0),
               help="With --self-normalized: rows of a cache of last hidden layers by history, so that an "
                    "n-gram of a history met before costs one output row (memory: this x the last layer x 4 bytes; "

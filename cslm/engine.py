@@ -165,7 +165,7 @@ class Engine:
         self._tables: torch.Tensor | None = None
         self.history_cache: HistoryCache | None = None  # `cache_histories`
         self.native = None  # cslm.native.NativeModel: the self-normalised path in C++ (`use_evaluator`)
-        self.graphs = None  # cslm.graphs.GraphScorer: the self-normalised path on a GPU as CUDA graphs (`use_evaluator`)
+        self.graphs = None  # cslm.graphs.GraphScorer: the scores on a GPU as CUDA graphs (`use_evaluator`)
 
     @classmethod
     def load(cls, model_dir: str, device: str = "auto", kenlm: str | None = None, chunk: int = 2048,
@@ -186,28 +186,28 @@ class Engine:
 
     def use_evaluator(self, evaluator: str, history_cache: int | None, precision: str = "fp32",
                       max_rows: int = 8192) -> str:
-        """Who computes self-normalised scores; returns the one chosen, "native", "graphs" or "torch".
+        """Who computes the scores; returns the one chosen, "native", "graphs" or "torch".
 
         * "native": on a CPU, the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time,
           a call's rows shared out over as many threads as torch has, which share one cache of `history_cache`
           last hidden layers (None: NATIVE_HISTORY_SLOTS), its layers after the first in `precision` ("fp32",
           or "int8": cslm_local.h, "Precision");
-        * "graphs": on a GPU, the same network recorded as CUDA graphs over batch sizes up to `max_rows`
-          (cslm.graphs), replayed with one launch a call;
-        * "torch": this engine's batched path (`_chunk_self_normalized`), with a `HistoryCache` of
-          `history_cache` rows (None: none);
+        * "graphs": on a GPU, the network (self-normalised or exact) recorded as CUDA graphs over batch sizes
+          up to `max_rows` (cslm.graphs), replayed with one launch a call;
+        * "torch": this engine's batched path (`_chunk`, `_chunk_self_normalized`), with a `HistoryCache` of
+          `history_cache` rows for self-normalised scores (None: none);
         * "auto": "native" on a CPU where the library is built, "graphs" on a GPU (unless a history cache is
           asked for, which is torch's), else "torch".
 
-        They give the same scores within float rounding. Exact scores keep torch, as does a joint model on a CPU
-        (which the server does not serve): a UserError if "native", "graphs" or "int8" is asked where it does
+        They give the same scores within float rounding. On a CPU exact scores and a joint model (which the
+        server does not serve) keep torch: a UserError if "native", "graphs" or "int8" is asked where it does
         not apply. On a GPU where "auto" finds the graphs cannot be recorded, a one-line warning and torch."""
         from . import native
 
         if evaluator not in ("auto", "native", "torch", "graphs"):
             raise ValueError(f"evaluator must be auto, native, graphs or torch, got {evaluator!r}")
         fits = not self.normalized and self.device.type == "cpu" and not self.joint
-        gpu_fits = not self.normalized and self.device.type == "cuda"
+        gpu_fits = self.device.type == "cuda"
         needs_native = evaluator == "native" or precision != "fp32"
         if precision != "fp32" and evaluator in ("torch", "graphs"):
             raise ValueError(f"precision {precision} is the C++ evaluator's, not {evaluator}'s")
@@ -217,10 +217,9 @@ class Engine:
             raise UserError(f"the C++ evaluator computes a plain CSLM's self-normalised scores (--self-normalized) "
                             f"on a CPU; {self.name} is served {why}: {fix}")
         if evaluator == "graphs" and (not gpu_fits or history_cache):
-            why = "with exact scores" if self.normalized else f"on {self.device}" if not gpu_fits else \
-                f"with a history cache of {history_cache} rows"
-            raise UserError(f"CUDA graphs replay a model's self-normalised scores (--self-normalized) on a GPU, "
-                            f"without a history cache; {self.name} is served {why}: --evaluator torch")
+            why = f"on {self.device}" if not gpu_fits else f"with a history cache of {history_cache} rows"
+            raise UserError(f"CUDA graphs replay a model's scores on a GPU, without a history cache; {self.name} "
+                            f"is served {why}: --evaluator torch")
         self.native = self.graphs = None
         if needs_native or (evaluator == "auto" and fits and native.library_path() is not None):
             model = native.NativeModel(self.name, NATIVE_HISTORY_SLOTS if history_cache is None else history_cache,
@@ -232,7 +231,8 @@ class Engine:
             return "native"
         if evaluator == "graphs" or (evaluator == "auto" and gpu_fits and not history_cache):
             try:
-                self.graphs = GraphScorer(self.model, self.tables, self.device, max_rows, name=self.name)
+                self.graphs = GraphScorer(self.model, None if self.normalized else self.tables, self.device,
+                                          max_rows, name=self.name)
                 self.history_cache = None
                 return "graphs"
             except UserError as e:
@@ -325,7 +325,7 @@ class Engine:
     def score_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`score_ids` of rows already padded (`pad`, `left_pad`, `word_rows`): (N, order) int32, contiguous."""
         flags = (rows[:, -1] == self.unk_id).astype(np.uint8) * UNKNOWN
-        if not self.normalized and (self.native is not None or self.graphs is not None):
+        if self.graphs is not None or (self.native is not None and not self.normalized):
             out = self.graphs.score(rows) if self.graphs is not None else self.native.score(rows, normalized=False)
             check_finite(out, self.name, lambda i: f"for n-gram {i + 1} of {len(out)}")
             return out, flags

@@ -1,19 +1,20 @@
-"""Self-normalised scores on a GPU as CUDA graphs, replayed over fixed batch sizes.
+"""A CSLM's scores on a GPU as CUDA graphs, replayed over fixed batch sizes.
 
-On a GPU the self-normalised network of a decoder's request (a premultiplied first layer, the layers after it
-and one output row per n-gram: `CSLM.features_from_tables`, `CSLM.output_rows`) is a few hundred microseconds
-of the host's work and a few dozen of the GPU's: the engine's eager path de-duplicates the histories on the
-host, then dispatches a dozen operations, each its own kernel launch, and stages every transfer through newly
-pinned memory. A CUDA graph records the whole computation once per batch size and replays it with one launch.
+On a GPU the network of a decoder's request is a few hundred microseconds of the host's work and a few dozen
+of the GPU's: the engine's eager path de-duplicates the histories on the host, then dispatches a dozen
+operations or more, each its own kernel launch, and stages every transfer through newly pinned memory. A
+CUDA graph records the whole computation once per batch size and replays it with one launch.
 
 `GraphScorer.score` takes (N, width) padded rows (the engine's `score_rows`), copies them into a pinned
 staging buffer, and per part of at most the largest bucket:
 
     1. one copy of the part's rows to the device, into the static input of the smallest bucket that holds it
        (buckets: 64, 128, ..., `max_rows` rows; the rows past the part are left as they were, valid ids);
-    2. one replay of that bucket's graph: o_w = out.weight[w] . h(history) + out.bias[w] for every row, h from
-       the premultiplied first layer and the rectified layers after it (docs/cslm.md, "Self-normalised
-       scoring"), the same functions the eager path calls;
+    2. one replay of that bucket's graph, for every row, with the functions the eager path calls:
+       - self-normalised: o_w = out.weight[w] . h(history) + out.bias[w], h from the premultiplied first
+         layer and the rectified layers after it (`CSLM.features_from_tables`, `CSLM.output_rows`; docs/cslm.md,
+         "Self-normalised scoring");
+       - exact: ln P(w | history) = o_w - ln sum_r exp(o_r), Eq. (2), from the whole output layer;
     3. one copy of the part's scores back to pinned memory;
 
 and waits once for the last part. Deviations from the eager path: every row computes its own history (no
@@ -52,14 +53,15 @@ def buckets(max_rows: int) -> list[int]:
 
 
 class GraphScorer:
-    """`score(rows)` -> o_w of each padded row, for one self-normalised model on one device (module docstring).
-    One call at a time (a lock keeps it so): the staging buffers and the graphs' inputs are shared."""
+    """`score(rows)` -> the score of each padded row (o_w, or exact ln P), for one model on one device (module
+    docstring). One call at a time (a lock keeps it so): the staging buffers and the graphs' inputs are shared."""
 
-    def __init__(self, model, tables: torch.Tensor, device: torch.device, max_rows: int = 8192,
+    def __init__(self, model, tables: torch.Tensor | None, device: torch.device, max_rows: int = 8192,
                  capture: bool | None = None, name: str = "the model"):
-        """`model` a CSLM in eval mode, `tables` its `first_layer_tables` on `device`; `max_rows` the largest
-        bucket (the server's --max-batch); `capture` records CUDA graphs (None: when `device` is CUDA). A
-        failed capture is a UserError naming the model."""
+        """`model` a CSLM in eval mode on `device`; `tables` its `first_layer_tables` for self-normalised scores
+        o_w, None for exact log-probabilities; `max_rows` the largest bucket (the server's --max-batch);
+        `capture` records CUDA graphs (None: when `device` is CUDA). A failed capture is a UserError naming
+        the model."""
         self.model, self.tables, self.device = model, tables, torch.device(device)
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
@@ -79,18 +81,28 @@ class GraphScorer:
             with torch.no_grad():
                 self._record()
         except RuntimeError as e:  # the CUDA runtime's refusal (out of memory included), in one line
-            raise UserError(f"{name}: CUDA graphs of its self-normalised scores could not be recorded on "
-                            f"{self.device}: {str(e).splitlines()[0]} (--evaluator torch scores without them)") from None
+            raise UserError(f"{name}: CUDA graphs of its scores could not be recorded on {self.device}: "
+                            f"{str(e).splitlines()[0]} (--evaluator torch scores without them)") from None
+
+    @property
+    def normalized(self) -> bool:
+        """Exact log-probabilities (True) or self-normalised o_w."""
+        return self.tables is None
 
     def _forward(self, rows: torch.Tensor) -> torch.Tensor:
-        """(B, width) ids -> (B,) o_w: the premultiplied first layer, the layers after it, one output row each."""
-        h = self.model.features_from_tables(self.tables, rows[:, :-1])
-        return self.model.output_rows(h, rows[:, -1])
+        """(B, width) ids -> (B,) float32 scores of each row's last word given the ids before it."""
+        if self.normalized:
+            logits = self.model(rows[:, :-1]).float()  # (B, V) activations o
+            log_z = torch.logsumexp(logits, dim=1)  # Eq. (2)'s normaliser ln sum_r exp(o_r)
+            return logits.gather(1, rows[:, -1:])[:, 0] - log_z  # o_w - ln Z
+        h = self.model.features_from_tables(self.tables, rows[:, :-1])  # premultiplied first layer, the layers after
+        return self.model.output_rows(h, rows[:, -1])  # one output row each: o_w
 
     def _record(self) -> None:
         """Each bucket's graph, after a warm-up on a side stream as CUDA graphs require; without capture, nothing
         to record. Each keeps a memory pool of its own, so that any may be replayed after any other (together
-        about twice the largest one's: some 0.5 GB for the paper-size CSLM's 8,192 rows)."""
+        about twice the largest one's: for the paper-size CSLM's 8,192 rows some 0.5 GB self-normalised, 2 GB
+        exact)."""
         if not self.capture:
             return
         side = torch.cuda.Stream(self.device)
@@ -113,7 +125,7 @@ class GraphScorer:
 
     @torch.no_grad()
     def score(self, rows: np.ndarray) -> np.ndarray:
-        """(N, width) padded, valid ids (`Engine.score_rows`'s rows) -> (N,) float32 o_w."""
+        """(N, width) padded, valid ids (`Engine.score_rows`'s rows) -> (N,) float32 scores."""
         if rows.ndim != 2 or rows.shape[1] != self.width:
             raise ValueError(f"rows must be an (N, {self.width}) array, got shape {rows.shape}")
         out = np.empty(len(rows), np.float32)

@@ -96,10 +96,11 @@ class Server:
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
         self.evaluator = "torch"
-        if not engine.normalized or self.cfg.evaluator != "auto" or self.cfg.precision != "fp32":
-            # the self-normalised path: on a CPU the C++ evaluator of Moses's in-process mode, or torch's, where a
-            # history met again costs one output row; on a GPU CUDA graphs, where the hidden layers cost less
-            # than the launches of an eager call and its bookkeeping (docs/cslm.md, "Server")
+        if (not engine.normalized or engine.device.type == "cuda" or self.cfg.evaluator != "auto"
+                or self.cfg.precision != "fp32"):
+            # self-normalised on a CPU: the C++ evaluator of Moses's in-process mode, or torch's, where a history
+            # met again costs one output row; on a GPU: CUDA graphs, where the network costs less than the
+            # launches of an eager call and its bookkeeping (docs/cslm.md, "Server")
             self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache, self.cfg.precision,
                                                   self.cfg.max_batch)
         self.budget = ByteBudget(self.cfg.max_total_bytes)

@@ -48,6 +48,17 @@ def test_buckets_answer_as_the_engines_eager_path(model_dir, sizes):  # noqa: F8
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+def test_exact_scores_through_the_buckets_are_the_engines(model_dir):  # noqa: F811
+    """Without tables the graphs compute exact log-probabilities, o_w - ln Z (Eq. (2)), as the eager path does."""
+    out, _, _ = model_dir
+    engine = Engine.load(str(out), device="cpu")
+    scorer = GraphScorer(engine.model, None, engine.device, max_rows=256)
+    rows = engine.pad(random_ngrams(engine, 700, 7, seed=8))
+    want = engine.score_rows(rows)[0]
+    assert scorer.normalized and np.all(want < 0)
+    np.testing.assert_allclose(scorer.score(rows), want, rtol=0, atol=1e-5)
+
+
 def test_a_joint_model_takes_its_source_window_through_the_buckets():
     """A joint model's rows (target history, source window, word) go through the same graphs: each row's o_w is
     the model's own, computed in one batch."""
@@ -68,14 +79,14 @@ def test_a_joint_model_takes_its_source_window_through_the_buckets():
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
-def test_graphs_need_a_gpu_and_self_normalised_scores(model_dir):  # noqa: F811
-    """`--evaluator graphs` on a CPU, with exact scores, a history cache or int8: refused in one line; capture
+def test_graphs_need_a_gpu(model_dir):  # noqa: F811
+    """`--evaluator graphs` on a CPU (self-normalised or exact), or with int8: refused in one line; capture
     without CUDA is a programming error."""
     out, _, _ = model_dir
     fast = Engine.load(str(out), device="cpu", normalized=False)
     with pytest.raises(UserError, match="on a GPU.*served on cpu: --evaluator torch"):
         fast.use_evaluator("graphs", 0)
-    with pytest.raises(UserError, match="served with exact scores"):
+    with pytest.raises(UserError, match="served on cpu"):
         Engine.load(str(out), device="cpu").use_evaluator("graphs", None)
     with pytest.raises(ValueError, match="int8 is the C\\+\\+ evaluator's"):
         fast.use_evaluator("graphs", None, "int8")
@@ -102,12 +113,12 @@ def test_auto_on_a_gpu_takes_the_graphs_or_warns_and_keeps_torch(model_dir, monk
     assert engine.history_cache.slots == 1000
 
     def refuse(*args, **kwargs):
-        raise UserError(f"{out}: CUDA graphs of its self-normalised scores could not be recorded on cuda: no")
+        raise UserError(f"{out}: CUDA graphs of its scores could not be recorded on cuda: no")
 
     monkeypatch.setattr("cslm.engine.GraphScorer", refuse)
     assert engine.use_evaluator("auto", None) == "torch" and engine.graphs is None
-    assert capsys.readouterr().err == f"cslm: warning: {out}: CUDA graphs of its self-normalised scores could " \
-                                      f"not be recorded on cuda: no\n"
+    assert capsys.readouterr().err == f"cslm: warning: {out}: CUDA graphs of its scores could not be recorded " \
+                                      f"on cuda: no\n"
     with pytest.raises(UserError, match="could not be recorded"):
         engine.use_evaluator("graphs", None)
 
@@ -120,10 +131,12 @@ def test_the_cli_refuses_graphs_on_a_cpu_in_one_line(model_dir):  # noqa: F811
     assert len(r.stderr.strip().splitlines()) == 1 and "CUDA graphs" in r.stderr and str(out) in r.stderr
 
 
-def test_a_server_reports_the_graphs_it_scores_with(model_dir, monkeypatch):  # noqa: F811
-    """A server whose engine took the graphs answers their scores, and STATS and the start-up line say so."""
+@pytest.mark.parametrize("normalized", [False, True])
+def test_a_server_reports_the_graphs_it_scores_with(model_dir, monkeypatch, normalized):  # noqa: F811
+    """A server whose engine took the graphs, self-normalised or exact, answers their scores, and STATS and the
+    start-up line say so."""
     out, _, _ = model_dir
-    engine = Engine.load(str(out), device="cpu", normalized=False)
+    engine = Engine.load(str(out), device="cpu", normalized=normalized)
     grams = random_ngrams(engine, 300, 7, seed=4)
     want = engine.score_ids(grams)[0]
     engine.device = torch.device("cuda")
@@ -138,7 +151,6 @@ def test_a_server_reports_the_graphs_it_scores_with(model_dir, monkeypatch):  # 
         s.stop()
     np.testing.assert_allclose(lp, want, rtol=0, atol=1e-5)
     assert st["model"]["evaluator"] == "graphs" and engine.graphs.sizes[-1] == 512
-    assert startup_message(engine, "h", 1) == ("cslm: serving on h:1 (order 7, 50 words, mode unk, device cuda, "
-                                               "CUDA graphs of 4 batch sizes up to 512; self-normalized scores o_w, "
-                                               "no softmax: log-probabilities only if the model was trained with "
-                                               "--self-norm)")
+    assert engine.graphs.normalized == normalized
+    assert startup_message(engine, "h", 1).startswith("cslm: serving on h:1 (order 7, 50 words, mode unk, device "
+                                                      "cuda, CUDA graphs of 4 batch sizes up to 512")
