@@ -37,6 +37,9 @@ from mtcommon.errors import UserError
 
 # The smallest bucket: a lone n-gram's request pads to it (on a GPU 64 rows cost what one does).
 MIN_ROWS = 64
+# The largest bucket, whatever --max-batch says: a larger call is scored in parts of this many rows (the
+# paper-size CSLM's exact scores hold 16,384 x 15,000 logits, about 1 GB, and as much again for ln Z).
+MAX_ROWS = 1 << 14
 # Rows staged on the host at a time: a call of more is scored in parts of this many, one wait each.
 STAGING_ROWS = 1 << 18
 
@@ -59,7 +62,8 @@ class GraphScorer:
     def __init__(self, model, tables: torch.Tensor | None, device: torch.device, max_rows: int = 8192,
                  capture: bool | None = None, name: str = "the model"):
         """`model` a CSLM in eval mode on `device`; `tables` its `first_layer_tables` for self-normalised scores
-        o_w, None for exact log-probabilities; `max_rows` the largest bucket (the server's --max-batch);
+        o_w, None for exact log-probabilities; `max_rows` the largest bucket (the server's --max-batch, at
+        most MAX_ROWS);
         `capture` records CUDA graphs (None: when `device` is CUDA). A failed capture is a UserError naming
         the model."""
         self.model, self.tables, self.device = model, tables, torch.device(device)
@@ -67,7 +71,7 @@ class GraphScorer:
         if self.capture and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
         self.width = model.config.context + 1  # a row: the history (and a joint model's source window), the word
-        self.sizes = buckets(max_rows)
+        self.sizes = buckets(min(max_rows, MAX_ROWS))
         pin = self.device.type == "cuda"
         # pinned host memory, written by numpy and read by the copies to and from the device; zeros are valid ids
         self._rows_host = torch.zeros((min(STAGING_ROWS, self.sizes[-1] * 32), self.width), dtype=torch.int64,

@@ -27,6 +27,8 @@ def test_buckets_are_powers_of_two_up_to_the_largest_batch():
     assert buckets(8192) == [64, 128, 256, 512, 1024, 2048, 4096, 8192]
     assert buckets(1000) == [64, 128, 256, 512, 1000]
     assert buckets(10) == [10]
+    model = CSLM(preset_config("tiny", vocab_size=20)).eval()
+    assert GraphScorer(model, None, torch.device("cpu"), max_rows=10**6).sizes[-1] == graphs.MAX_ROWS == 16384
     with pytest.raises(ValueError):
         buckets(0)
 
