@@ -62,10 +62,9 @@ class GraphScorer:
     def __init__(self, model, tables: torch.Tensor | None, device: torch.device, max_rows: int = 8192,
                  capture: bool | None = None, name: str = "the model"):
         """`model` a CSLM in eval mode on `device`; `tables` its `first_layer_tables` for self-normalised scores
-        o_w, None for exact log-probabilities; `max_rows` the largest bucket (the server's --max-batch, at
-        most MAX_ROWS);
-        `capture` records CUDA graphs (None: when `device` is CUDA). A failed capture is a UserError naming
-        the model."""
+        o_w, None for exact log-probabilities; `max_rows` the largest bucket (the server's --max-batch, at most
+        MAX_ROWS); `capture` records CUDA graphs (None: when `device` is CUDA). A failed capture is a UserError
+        naming the model."""
         self.model, self.tables, self.device = model, tables, torch.device(device)
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
