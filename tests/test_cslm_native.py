@@ -228,3 +228,33 @@ def test_the_precision_benchmark_compares_int8_with_fp32(model_dir, tmp_path):  
     assert report["ngrams"] > 20 and 0 < report["abs_diff_selfnorm"]["max"] < 0.1
     assert abs(report["ppl_ratio_int8_over_fp32"] - 1) < 0.01
     assert report["ngrams_per_s"]["fp32"] > 0 and report["ngrams_per_s"]["int8"] > 0
+
+
+@built
+@pytest.mark.parametrize("slots, threads", [(0, 1), (7, 1), (64, 2)])
+def test_int8_histories_computed_together_equal_one_at_a_time(model_dir, tmp_path, slots, threads):  # noqa: F811
+    """With int8 layers a call's histories missing from the cache are computed kBatch (8) at a time, each layer's
+    weights read once for all (cslm_local.h, HiddenBatch); the integer sums are exact, so every score equals
+    that of its row scored alone, bit for bit: exact and self-normalised, without a history cache, with one
+    small enough that rows are replaced, and with the cache two threads share. Outputs of 300, 270 and 30
+    units cover whole passes of 32 outputs and the last 16."""
+    from test_cslm_local import random_model
+
+    out, loaded, _ = model_dir
+    random_model(loaded, (300, 270, 30), 6, 0.1, tmp_path / "wide")
+    m = native.NativeModel(str(tmp_path / "wide"), slots, threads=threads, precision="int8")
+    engine = Engine.load(str(tmp_path / "wide"), device="cpu", normalized=False)
+    grams = random_ngrams(engine, 203, 7, seed=11)
+    grams[100:150, :-1] = grams[:50, :-1]  # histories met again, some within one batch of eight
+    grams[151:160, :-1] = grams[150, :-1]  # and in consecutive rows
+    rows = engine.pad(grams)
+    for normalized in (False, True):
+        alone = np.concatenate([m.score(rows[i : i + 1], normalized) for i in range(len(rows))])
+        together = m.score(rows, normalized)
+        assert np.array_equal(together, alone), normalized
+        assert np.array_equal(m.score(rows, normalized), alone)  # again, through what the cache kept
+        if not slots:  # calls of 1 to 9 rows of distinct histories: batches of every size, each kernel's pass
+            for k in range(1, 10):
+                assert np.array_equal(m.score(rows[60 : 60 + k], normalized), alone[60 : 60 + k]), k
+    fp32 = native.NativeModel(str(tmp_path / "wide"), slots, threads=threads).score(rows, False)
+    assert 0 < np.max(np.abs(fp32 - m.score(rows, False))) < 0.2

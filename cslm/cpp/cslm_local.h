@@ -51,8 +51,12 @@
 //     and then
 //       h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i])
 //     with the sum exact in 32-bit integers: AVX-512 VNNI's vpdpbusd where
-//     the CPU has it (about twice the n-grams/s of kFloat32), AVX2's
-//     vpmaddwd (level with kFloat32), or a plain loop (several times slower).
+//     the CPU has it, AVX2's vpmaddwd (level with kFloat32), or a plain loop
+//     (several times slower). Score computes the histories missing from its
+//     cache kBatch at a time (HiddenBatch), so that with VNNI each layer's
+//     weights are read once for all of them; the sums being exact, each
+//     history's layers are those it has alone. With VNNI, about 2.8 times
+//     the n-grams/s of kFloat32 (docs/moses-feature.md).
 //     The first layer, the output layer and ln Z stay float32. The scores
 //     move by a few thousandths of a nat on average
 //     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
@@ -70,6 +74,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cslm {
@@ -145,8 +150,6 @@ class LocalModel {
     explicit Scratch(size_t history_slots = 4096) : slots(history_slots), hits(0), misses(0), shared(0) {}
     Floats a, b, h, val;
     std::vector<uint32_t> idx;
-    Uint8s r;    // kInt8: a layer's input rounded to 8 bits
-    Int32s acc;  // kInt8: its integer sums
     size_t slots;                  // 0: no history cache of its own
     std::vector<uint32_t> keys;    // slots x (row_size-1) ids; keys[slot*(row_size-1)] == kEmpty: unused
     Floats values;                 // slots x hidden_size()
@@ -158,8 +161,19 @@ class LocalModel {
     // (2014) precompute the source side once per sentence.
     std::vector<uint32_t> src_keys;  // kSourceSlots x source_window() ids
     Floats src_values;               // kSourceSlots x H_1
+    // kInt8: histories computed together (HiddenBatch): each one's layer input
+    // and output, rounded input and sums; Score's batch of last hidden layers,
+    // and its rows waiting for them (row, history in the batch)
+    Floats batch_a, batch_b;
+    Uint8s batch_r;
+    Int32s batch_acc;
+    Floats batch_h;
+    std::vector<std::pair<size_t, size_t> > waiting_rows;
   };
   static const size_t kSourceSlots = 256;
+  // kInt8: histories Score computes together (HiddenBatch), so that a layer's
+  // 8-bit weights are read once for all of them.
+  static const size_t kBatch = 8;
 
   // Loads MODEL_DIR, its layers after the first kept in `precision`; throws
   // std::runtime_error("FILE: reason") on anything missing, malformed or
@@ -204,9 +218,19 @@ class LocalModel {
   // The last hidden layer for one history, a row's first row_size()-1 ids (the
   // target history, then the source window), into h (hidden_size() floats).
   void Hidden(const uint32_t* history, float* h, Scratch* scratch) const;
+  // The last hidden layers of n <= kBatch histories, into h[0..n): Hidden's
+  // values. With kInt8, computed together (one pass over each layer's weights
+  // with AVX-512 VNNI: its integer sums are exact, so the values are those of
+  // a batch of one, which Hidden is); with kFloat32, one by one.
+  void HiddenBatch(const uint32_t* const* histories, size_t n, float* const* h, Scratch* scratch) const;
   // The same through the scratch's history cache (its shared one if set): a
   // pointer valid until the next call with this scratch.
   const float* CachedHidden(const uint32_t* history, Scratch* scratch) const;
+  // The cached layer of a history (a hit), valid until the next call with this
+  // scratch, or null (a miss; null without counting where there is no cache).
+  const float* FindHidden(const uint32_t* history, Scratch* scratch) const;
+  // Caches h as the history's layer (in the scratch's cache, or its shared one).
+  void StoreHidden(const uint32_t* history, const float* h, Scratch* scratch) const;
   size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
 
   // A joint model's sum_q S_q[s_q] for a window of source_window() ids, through
@@ -218,6 +242,11 @@ class LocalModel {
   float LogNormaliser(const float* h, Scratch* scratch) const;
 
  private:
+  // h_1 = relu(b_1 + sum_p T_p[w_p] (+ sum_q S_q[s_q])) of a history into a (H_1 floats).
+  void FirstLayer(const uint32_t* history, float* a, Scratch* scratch) const;
+  // Score with kInt8: the histories missing from the cache computed kBatch at a time.
+  void ScoreBatched(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs, Scratch* scratch) const;
+
   struct Layer {
     size_t in, out;
     Floats wt;  // kFloat32: the transposed weight, wt[k * out + j] = W[j][k]
