@@ -163,9 +163,7 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     engine = Engine.load(a.model_dir, device=a.device, normalized=not a.self_normalized)
-    evaluator = "torch"
-    if a.self_normalized or engine.device.type == "cuda" or a.evaluator != "auto":  # as the server (cslm.server)
-        evaluator = engine.use_evaluator(a.evaluator, 0, max_rows=a.max_batch)
+    evaluator = engine.use_evaluator(a.evaluator, 0, max_rows=a.max_batch)  # as the server chooses (cslm.server)
     grams = load_ngrams(engine, a.text, a.ngrams)
     report = {
         "model": engine.model.config.to_dict(),

@@ -239,7 +239,7 @@ class Engine:
                 if evaluator == "graphs":
                     raise
                 print(f"cslm: warning: {e}", file=sys.stderr)
-        self.cache_histories(history_cache or 0)
+        self.cache_histories(0 if self.normalized else history_cache or 0)  # the exact path needs every output row
         return "torch"
 
     @property

@@ -95,14 +95,11 @@ class Server:
         self.log = RateLimitedLog(self.cfg.log_interval)
         self.stats = Stats()
         self.scorer = CachedScorer(engine, self.cfg.cache_size, self.stats)
-        self.evaluator = "torch"
-        if (not engine.normalized or engine.device.type == "cuda" or self.cfg.evaluator != "auto"
-                or self.cfg.precision != "fp32"):
-            # self-normalised on a CPU: the C++ evaluator of Moses's in-process mode, or torch's, where a history
-            # met again costs one output row; on a GPU: CUDA graphs, where the network costs less than the
-            # launches of an eager call and its bookkeeping (docs/cslm.md, "Server")
-            self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache, self.cfg.precision,
-                                                  self.cfg.max_batch)
+        # self-normalised on a CPU: the C++ evaluator of Moses's in-process mode, or torch's, where a history met
+        # again costs one output row; on a GPU: CUDA graphs, where the network costs less than the launches of an
+        # eager call and its bookkeeping; else torch (docs/cslm.md, "Server")
+        self.evaluator = engine.use_evaluator(self.cfg.evaluator, self.cfg.history_cache, self.cfg.precision,
+                                              self.cfg.max_batch)
         self.budget = ByteBudget(self.cfg.max_total_bytes)
         v = engine.vocab
         self.hello = P.encode_hello_reply(engine.order, len(v), engine.bos_id, engine.eos_id, engine.unk_id,
