@@ -347,8 +347,8 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--evaluator", type=click.Choice(["auto", "native", "graphs", "torch"]), default="auto",
               show_default=True,
               help="Who computes: native, with --self-normalized on a CPU, the C++ evaluator of Moses's in-process "
-                   "mode (one history at a time, a request's rows split over --threads cores; the faster on a "
-                   "decoder's requests); graphs, on a GPU, the network recorded as CUDA graphs, replayed with one "
+                   "mode (one history at a time, eight with --precision int8; a request's rows split over --threads "
+                   "cores; the faster on a decoder's requests); graphs, on a GPU, the network recorded as CUDA graphs, replayed with one "
                    "launch a request; torch, batched matrix products; auto, native for self-normalised scores on a "
                    "CPU where the install built it, graphs on a GPU, else torch.")
 @click.option("--history-cache", type=click.IntRange(min=0),

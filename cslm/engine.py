@@ -188,10 +188,10 @@ class Engine:
                       max_rows: int = 8192) -> str:
         """Who computes the scores; returns the one chosen, "native", "graphs" or "torch".
 
-        * "native": on a CPU, the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time,
-          a call's rows shared out over as many threads as torch has, which share one cache of `history_cache`
-          last hidden layers (None: NATIVE_HISTORY_SLOTS), its layers after the first in `precision` ("fp32",
-          or "int8": cslm_local.h, "Precision");
+        * "native": on a CPU, the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time
+          (eight with int8), a call's rows shared out over as many threads as torch has, which share one cache of
+          `history_cache` last hidden layers (None: NATIVE_HISTORY_SLOTS), its layers after the first in
+          `precision` ("fp32", or "int8": cslm_local.h, "Precision");
         * "graphs": on a GPU, the network (self-normalised or exact) recorded as CUDA graphs over batch sizes
           up to `max_rows` (cslm.graphs), replayed with one launch a call;
         * "torch": this engine's batched path (`_chunk`, `_chunk_self_normalized`), with a `HistoryCache` of
