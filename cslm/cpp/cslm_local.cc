@@ -734,7 +734,7 @@ void LocalModel::HiddenBatch(const uint32_t* const* histories, size_t n, float* 
   s->batch_acc.resize(n * stride);
   float* a = &s->batch_a[0];
   float* b = &s->batch_b[0];
-  const uint8_t* r[kBatch];
+  uint8_t* r[kBatch];
   int32_t* acc[kBatch];
   float sh[kBatch];
   for (size_t i = 0; i < n; ++i) {
@@ -744,7 +744,7 @@ void LocalModel::HiddenBatch(const uint32_t* const* histories, size_t n, float* 
   }
   for (size_t l = 0; l < layers_.size(); ++l) {  // h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i]) ("Precision")
     const Layer& L = layers_[l];
-    for (size_t i = 0; i < n; ++i) sh[i] = K().quantize(L.in, L.in4, a + i * stride, &s->batch_r[i * stride]);
+    for (size_t i = 0; i < n; ++i) sh[i] = K().quantize(L.in, L.in4, a + i * stride, r[i]);
     K().gemv_i8_batch(&L.q[0], L.in4 / 4, L.out16, r, acc, n);
     for (size_t i = 0; i < n; ++i) K().dequant_relu(L.out, acc[i], sh[i], &L.scale[0], &L.bias[0], b + i * stride);
     std::swap(a, b);
@@ -863,14 +863,6 @@ void LocalModel::StoreHidden(const uint32_t* history, const float* h, Scratch* s
   }
 }
 
-const float* LocalModel::CachedHidden(const uint32_t* history, Scratch* s) const {
-  if (const float* found = FindHidden(history, s)) return found;
-  s->h.resize(hidden_size());
-  Hidden(history, &s->h[0], s);
-  StoreHidden(history, &s->h[0], s);
-  return &s->h[0];
-}
-
 namespace {
 void CheckRow(const uint32_t* g, size_t C, size_t R, size_t V, size_t Vs) {
   for (size_t k = 0; k < C; ++k)
@@ -883,32 +875,12 @@ void CheckRow(const uint32_t* g, size_t C, size_t R, size_t V, size_t Vs) {
 
 void LocalModel::Score(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs,
                        Scratch* scratch) const {
-  const size_t V = words_.size(), Vs = src_words_.size(), C = order_ - 1, R = row_size();
-  if (precision_ == kInt8) {  // the histories computed kBatch at a time
-    ScoreBatched(ngrams, count, normalized, logprobs, scratch);
-    return;
-  }
-  float log_z = 0;
-  const float* h = 0;
-  const uint32_t* last = 0;  // consecutive rows often share their history
-  for (size_t i = 0; i < count; ++i) {
-    const uint32_t* g = ngrams + i * R;
-    CheckRow(g, C, R, V, Vs);
-    if (!last || !std::equal(g, g + R - 1, last)) {
-      h = CachedHidden(g, scratch);
-      if (normalized) log_z = LogNormaliser(h, scratch);
-      last = g;
-    }
-    logprobs[i] = Activation(h, g[R - 1]) - (normalized ? log_z : 0.0f);
-  }
-}
-
-void LocalModel::ScoreBatched(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs,
-                              Scratch* scratch) const {
-  // Score's rows, the histories missing from the cache computed kBatch at a time (HiddenBatch): a row whose
-  // history is cached, or the previous row's, is scored at once; one whose history waits is scored when its
-  // batch is computed (its cache lookup counted as a hit).
+  // The histories missing from the cache computed kBatch at a time with kInt8 (HiddenBatch), one at a time
+  // with kFloat32 (whose products gain nothing from a batch): a row whose history is cached, or the previous
+  // row's, is scored at once; one whose history waits is scored when its batch is computed (its cache lookup
+  // counted as a hit).
   const size_t V = words_.size(), Vs = src_words_.size(), C = order_ - 1, R = row_size(), H = hidden_size();
+  const size_t batch = precision_ == kInt8 ? kBatch : 1;
   const uint32_t* waiting[kBatch];  // the histories to compute
   size_t n = 0;
   std::vector<std::pair<size_t, size_t> >& rows = scratch->waiting_rows;  // (row, its history in `waiting`)
@@ -919,7 +891,7 @@ void LocalModel::ScoreBatched(const uint32_t* ngrams, size_t count, bool normali
   const uint32_t* last = 0;  // the previous row, whose history is cached at h, or waits as `waiting[last_at]`
   size_t last_at = kBatch;
   for (size_t i = 0; i <= count; ++i) {
-    if (n == kBatch || (i == count && n)) {  // compute the waiting histories, cache them, score their rows
+    if (n == batch || (i == count && n)) {  // compute the waiting histories, cache them, score their rows
       float* out[kBatch];
       float lz[kBatch];
       for (size_t k = 0; k < n; ++k) out[k] = &scratch->batch_h[k * H];

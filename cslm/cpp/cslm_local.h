@@ -161,9 +161,9 @@ class LocalModel {
     // (2014) precompute the source side once per sentence.
     std::vector<uint32_t> src_keys;  // kSourceSlots x source_window() ids
     Floats src_values;               // kSourceSlots x H_1
-    // kInt8: histories computed together (HiddenBatch): each one's layer input
-    // and output, rounded input and sums; Score's batch of last hidden layers,
-    // and its rows waiting for them (row, history in the batch)
+    // Score's batch of last hidden layers, and its rows waiting for them (row,
+    // history in the batch); kInt8: the batch computed together (HiddenBatch),
+    // each history's layer input and output, rounded input and sums
     Floats batch_a, batch_b;
     Uint8s batch_r;
     Int32s batch_acc;
@@ -171,8 +171,8 @@ class LocalModel {
     std::vector<std::pair<size_t, size_t> > waiting_rows;
   };
   static const size_t kSourceSlots = 256;
-  // kInt8: histories Score computes together (HiddenBatch), so that a layer's
-  // 8-bit weights are read once for all of them.
+  // Histories Score computes in one batch (HiddenBatch): with kInt8 together,
+  // so that a layer's 8-bit weights are read once for all of them.
   static const size_t kBatch = 8;
 
   // Loads MODEL_DIR, its layers after the first kept in `precision`; throws
@@ -218,19 +218,6 @@ class LocalModel {
   // The last hidden layer for one history, a row's first row_size()-1 ids (the
   // target history, then the source window), into h (hidden_size() floats).
   void Hidden(const uint32_t* history, float* h, Scratch* scratch) const;
-  // The last hidden layers of n <= kBatch histories, into h[0..n): Hidden's
-  // values. With kInt8, computed together (one pass over each layer's weights
-  // with AVX-512 VNNI: its integer sums are exact, so the values are those of
-  // a batch of one, which Hidden is); with kFloat32, one by one.
-  void HiddenBatch(const uint32_t* const* histories, size_t n, float* const* h, Scratch* scratch) const;
-  // The same through the scratch's history cache (its shared one if set): a
-  // pointer valid until the next call with this scratch.
-  const float* CachedHidden(const uint32_t* history, Scratch* scratch) const;
-  // The cached layer of a history (a hit), valid until the next call with this
-  // scratch, or null (a miss; null without counting where there is no cache).
-  const float* FindHidden(const uint32_t* history, Scratch* scratch) const;
-  // Caches h as the history's layer (in the scratch's cache, or its shared one).
-  void StoreHidden(const uint32_t* history, const float* h, Scratch* scratch) const;
   size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
 
   // A joint model's sum_q S_q[s_q] for a window of source_window() ids, through
@@ -244,8 +231,16 @@ class LocalModel {
  private:
   // h_1 = relu(b_1 + sum_p T_p[w_p] (+ sum_q S_q[s_q])) of a history into a (H_1 floats).
   void FirstLayer(const uint32_t* history, float* a, Scratch* scratch) const;
-  // Score with kInt8: the histories missing from the cache computed kBatch at a time.
-  void ScoreBatched(const uint32_t* ngrams, size_t count, bool normalized, float* logprobs, Scratch* scratch) const;
+  // The last hidden layers of n <= kBatch histories, into h[0..n): Hidden's
+  // values. With kInt8, computed together (one pass over each layer's weights
+  // with AVX-512 VNNI: its integer sums are exact, so the values are those of
+  // a batch of one, which Hidden is); with kFloat32, one by one.
+  void HiddenBatch(const uint32_t* const* histories, size_t n, float* const* h, Scratch* scratch) const;
+  // The cached layer of a history (a hit), valid until the next call with this
+  // scratch, or null (a miss; null without counting where there is no cache).
+  const float* FindHidden(const uint32_t* history, Scratch* scratch) const;
+  // Caches h as the history's layer (in the scratch's cache, or its shared one).
+  void StoreHidden(const uint32_t* history, const float* h, Scratch* scratch) const;
 
   struct Layer {
     size_t in, out;
