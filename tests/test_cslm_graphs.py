@@ -97,15 +97,20 @@ def test_graphs_need_a_gpu(model_dir):  # noqa: F811
     assert fast.use_evaluator("torch", None) == "torch" and fast.graphs is None
 
 
+def told_it_is_on_a_gpu(engine, monkeypatch) -> None:
+    """A CPU engine that believes it is on a GPU: its graphs are recorded on the CPU, so run eagerly."""
+    engine.device = torch.device("cuda")
+    real = graphs.GraphScorer
+    monkeypatch.setattr("cslm.engine.GraphScorer", lambda m, t, d, rows, name: real(m, t, "cpu", rows, name=name))
+
+
 def test_auto_on_a_gpu_takes_the_graphs_or_warns_and_keeps_torch(model_dir, monkeypatch, capsys):  # noqa: F811
     """On a GPU `auto` records the graphs (here a CPU engine told it is on one, with the graphs run eagerly); a
     history cache asked for keeps torch's; a failed recording is one warning line, and torch scores."""
     out, _, _ = model_dir
     engine = Engine.load(str(out), device="cpu", normalized=False)
     want = engine.score_rows(engine.pad(random_ngrams(engine, 100, 7, seed=3)))[0]
-    engine.device = torch.device("cuda")
-    real = graphs.GraphScorer
-    monkeypatch.setattr("cslm.engine.GraphScorer", lambda m, t, d, rows, name: real(m, t, "cpu", rows, name=name))
+    told_it_is_on_a_gpu(engine, monkeypatch)
     assert engine.use_evaluator("auto", None, max_rows=256) == "graphs" and engine.graphs.sizes[-1] == 256
     rows = engine.pad(random_ngrams(engine, 100, 7, seed=3))
     np.testing.assert_allclose(engine.score_rows(rows)[0], want, rtol=0, atol=1e-5)
@@ -141,9 +146,7 @@ def test_a_server_reports_the_graphs_it_scores_with(model_dir, monkeypatch, norm
     engine = Engine.load(str(out), device="cpu", normalized=normalized)
     grams = random_ngrams(engine, 300, 7, seed=4)
     want = engine.score_ids(grams)[0]
-    engine.device = torch.device("cuda")
-    real = graphs.GraphScorer
-    monkeypatch.setattr("cslm.engine.GraphScorer", lambda m, t, d, rows, name: real(m, t, "cpu", rows, name=name))
+    told_it_is_on_a_gpu(engine, monkeypatch)
     s = ServerThread(engine, cache_size=0, max_batch=512)
     try:
         with Client("127.0.0.1", s.port) as c:
