@@ -18,8 +18,9 @@ in-process mode and `cslm serve` (cslm/native.py) with `precision=fp32` and
   --seconds, medians of --repeats.
 
 Target: int8's perplexity within 0.1% of float32's (`ppl_ratio_int8_over_fp32`),
-and int8 faster on a CPU with AVX-512 VNNI (`speedup_int8_over_fp32` > 1).
-Prints one JSON object.
+and int8 faster on a CPU with AVX-512 VNNI or AMX (`speedup_int8_over_fp32` > 1).
+`kernels` names the vector instructions the evaluator used (CSLM_KERNELS caps
+them). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from common import SHARED, emit
 from cslm.engine import Engine
-from cslm.native import NativeModel
+from cslm.native import NativeModel, kernels
 from mtcommon.textio import iter_lines
 
 TEST_TEXT = SHARED / "en-fr-moses" / "test.tok.fr"
@@ -69,7 +70,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = rows_of(args.model, args.text, args.sentences)
     models = {p: NativeModel(args.model, 0, 1, p) for p in ("fp32", "int8")}
-    report: dict = {"model": args.model, "ngrams": len(rows), "avx512_vnni": has_vnni()}
+    report: dict = {"model": args.model, "ngrams": len(rows), "kernels": kernels()}
     sn = {p: m.score(rows, normalized=False) for p, m in models.items()}
     exact = {p: m.score(rows, normalized=True) for p, m in models.items()}
     d = np.abs(sn["int8"] - sn["fp32"]).astype(np.float64)
@@ -85,15 +86,6 @@ def main() -> None:
     report["ngrams_per_s"] = {p: statistics.median(r) for p, r in rates.items()}
     report["speedup_int8_over_fp32"] = statistics.median(i / f for i, f in zip(rates["int8"], rates["fp32"]))
     emit(report, args.json)
-
-
-def has_vnni() -> bool | None:
-    """Whether the CPU has AVX-512 VNNI, which the int8 kernel uses (from /proc/cpuinfo; None elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and "avx512_vnni" in line.split() for line in f)
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

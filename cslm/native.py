@@ -46,10 +46,23 @@ def _library() -> ctypes.CDLL:
         lib.cslm_native_score.argtypes = [p, p, size_t, ctypes.c_int, p, ctypes.c_uint, ctypes.c_char_p, size_t]
         lib.cslm_native_cache_counts.argtypes = [p, ctypes.POINTER(size_t), ctypes.POINTER(size_t)]
         lib.cslm_native_close.argtypes = [p]
+        lib.cslm_native_kernels.restype = ctypes.c_char_p
+        lib.cslm_native_kernels.argtypes = [ctypes.c_char_p, size_t]
         lib.cslm_native_plan.argtypes = [size_t, ctypes.c_uint64, ctypes.c_uint, ctypes.POINTER(size_t),
                                          ctypes.POINTER(size_t)]
         _lib = lib
     return _lib
+
+
+def kernels() -> str:
+    """The vector instructions the evaluator's kernels use here: "amx" (AVX-512, with int8's products in AMX
+    tiles), "avx512", "avx2" or "baseline": the CPU's widest, at most what the environment's CSLM_KERNELS names
+    (cslm_local.h, LocalModel::Kernels)."""
+    err = ctypes.create_string_buffer(_ERR)
+    name = _library().cslm_native_kernels(err, _ERR)
+    if name is None:
+        raise UserError(err.value.decode(errors="replace"))
+    return name.decode()
 
 
 def plan(count: int, row_ns: int, threads: int) -> tuple[int, int]:

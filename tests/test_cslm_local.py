@@ -102,19 +102,20 @@ def test_narrower_kernels_score_the_same(local_exe, model_dir):
     out, loaded, corpus = model_dir
     grams = "".join(" ".join(g) + "\n" for g in ngrams_of(corpus, loaded.config.order, 100))
     runs = {}
-    for cap in ("", "avx512", "avx2", "baseline"):
+    for cap in ("", "amx", "avx512", "avx2", "baseline"):
         r = subprocess.run([str(local_exe), str(out)], input=grams, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "CSLM_KERNELS": cap})
         assert r.returncode == 0, r.stderr
         runs[cap] = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
         used = r.stderr.split("kernels ")[1].split()[0]
-        assert used in ("avx512", "avx2", "baseline") and (used == cap or cap != "baseline")
-    for cap in ("avx512", "avx2", "baseline"):
+        assert used in ("amx", "avx512", "avx2", "baseline") and (used == cap or cap in ("", "amx", "avx512"))
+        assert used != "amx" or cap in ("", "amx")
+    for cap in ("amx", "avx512", "avx2", "baseline"):
         assert np.max(np.abs(runs[cap] - runs[""])) < 1e-4
     r = subprocess.run([str(local_exe), str(out)], input=grams, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "CSLM_KERNELS": "sse9"})
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip() == "CSLM_KERNELS=sse9: not avx512, avx2 or baseline (unset it for the CPU's widest)"
+    assert r.stderr.strip() == "CSLM_KERNELS=sse9: not amx, avx512, avx2 or baseline (unset it for the CPU's widest)"
 
 
 def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +147,8 @@ def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray
 
 def test_int8_layers_follow_their_equations_with_every_kernel(local_exe, model_dir, tmp_path):
     """--precision int8: the layers after the first in 8 bits (cslm_local.h, "Precision"), their outputs 300,
-    270 and 30 padded to whole vectors and their inputs to groups of four. Every kernel (AVX-512 VNNI where the
-    CPU has it) gives the scores of the equations computed in float64; the integer sums are exact, so the
+    270 and 30 padded to whole vectors and their inputs to 64. Every kernel (AMX and AVX-512 VNNI where the
+    CPU has them) gives the scores of the equations computed in float64; the integer sums are exact, so the
     kernels differ only by the float rounding of the last step. The scores stay near float32's, not equal."""
     out, loaded, corpus = model_dir
     random_model(loaded, (300, 270, 30), 4, 0.1, tmp_path / "wide")
@@ -155,9 +156,10 @@ def test_int8_layers_follow_their_equations_with_every_kernel(local_exe, model_d
     want_exact, want_sn = int8_reference(tmp_path / "wide", grams)
     fp32 = run_local(local_exe, tmp_path / "wide", grams)
     runs = {}
-    for cap in ("avx512", "avx2", "baseline"):
+    for cap in ("amx", "avx512", "avx2", "baseline"):
         got = runs[cap] = run_local(local_exe, tmp_path / "wide", grams, kernels=cap, precision="int8")
         assert np.max(np.abs(got[:, 1] - want_sn)) < 1e-4 and np.max(np.abs(got[:, 0] - want_exact)) < 1e-4, cap
+    assert np.array_equal(runs["amx"], runs["avx512"])  # the same float steps on exact sums
     assert np.max(np.abs(runs["avx2"] - runs["avx512"])) < 1e-4
     assert np.max(np.abs(runs["baseline"] - runs["avx512"])) < 1e-4
     diff = np.abs(runs["avx512"] - fp32)

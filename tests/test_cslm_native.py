@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -226,18 +227,38 @@ def test_the_precision_benchmark_compares_int8_with_fp32(model_dir, tmp_path):  
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["ngrams"] > 20 and 0 < report["abs_diff_selfnorm"]["max"] < 0.1
+    assert report["kernels"] == native.kernels()
     assert abs(report["ppl_ratio_int8_over_fp32"] - 1) < 0.01
     assert report["ngrams_per_s"]["fp32"] > 0 and report["ngrams_per_s"]["int8"] > 0
 
 
 @built
+def test_the_evaluator_names_its_kernels_within_the_cap():
+    """native.kernels(): the CPU's widest, at most what CSLM_KERNELS names (read once per process); a name it
+    does not know is a one-line error."""
+    def run(cap: str) -> subprocess.CompletedProcess:
+        code = "from cslm import native; from mtcommon.errors import UserError\n" \
+               "try: print(native.kernels())\nexcept UserError as e: print('error:', e)"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "CSLM_KERNELS": cap})
+    widest = native.kernels()
+    assert widest in ("amx", "avx512", "avx2", "baseline")
+    assert run("").stdout.strip() == widest
+    assert run("baseline").stdout.strip() == "baseline"
+    assert run("avx512").stdout.strip() != "amx"
+    assert run("sse9").stdout.strip() == \
+        "error: CSLM_KERNELS=sse9: not amx, avx512, avx2 or baseline (unset it for the CPU's widest)"
+
+
+@built
 @pytest.mark.parametrize("slots, threads", [(0, 1), (7, 1), (64, 2)])
 def test_int8_histories_computed_together_equal_one_at_a_time(model_dir, tmp_path, slots, threads):  # noqa: F811
-    """With int8 layers a call's histories missing from the cache are computed kBatch (8) at a time, each layer's
-    weights read once for all (cslm_local.h, HiddenBatch); the integer sums are exact, so every score equals
-    that of its row scored alone, bit for bit: exact and self-normalised, without a history cache, with one
-    small enough that rows are replaced, and with the cache two threads share. Outputs of 300, 270 and 30
-    units cover whole passes of 32 outputs and the last 16."""
+    """With int8 layers a call's histories missing from the cache are computed kBatch (16) at a time, each
+    layer's weights read once for all (cslm_local.h, HiddenBatch); the integer sums are exact, so every score
+    equals that of its row scored alone, bit for bit (with AMX, fewer than eight go through VNNI's product):
+    exact and self-normalised, without a history cache, with one small enough that rows are replaced, and with
+    the cache two threads share. Layers of 300, 270 and 30 units cover whole passes of 32 and 64 outputs, the
+    last 16, and inputs padded to 64."""
     from test_cslm_local import random_model
 
     out, loaded, _ = model_dir
@@ -245,7 +266,7 @@ def test_int8_histories_computed_together_equal_one_at_a_time(model_dir, tmp_pat
     m = native.NativeModel(str(tmp_path / "wide"), slots, threads=threads, precision="int8")
     engine = Engine.load(str(tmp_path / "wide"), device="cpu", normalized=False)
     grams = random_ngrams(engine, 203, 7, seed=11)
-    grams[100:150, :-1] = grams[:50, :-1]  # histories met again, some within one batch of eight
+    grams[100:150, :-1] = grams[:50, :-1]  # histories met again, some within one batch
     grams[151:160, :-1] = grams[150, :-1]  # and in consecutive rows
     rows = engine.pad(grams)
     for normalized in (False, True):
@@ -253,8 +274,8 @@ def test_int8_histories_computed_together_equal_one_at_a_time(model_dir, tmp_pat
         together = m.score(rows, normalized)
         assert np.array_equal(together, alone), normalized
         assert np.array_equal(m.score(rows, normalized), alone)  # again, through what the cache kept
-        if not slots:  # calls of 1 to 9 rows of distinct histories: batches of every size, each kernel's pass
-            for k in range(1, 10):
+        if not slots:  # calls of 1 to 17 rows of distinct histories: batches of every size, each kernel's pass
+            for k in range(1, 18):
                 assert np.array_equal(m.score(rows[60 : 60 + k], normalized), alone[60 : 60 + k]), k
     fp32 = native.NativeModel(str(tmp_path / "wide"), slots, threads=threads).score(rows, False)
     assert 0 < np.max(np.abs(fp32 - m.score(rows, False))) < 0.2

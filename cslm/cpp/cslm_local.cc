@@ -16,7 +16,7 @@
 
 // The hot loops (kernels below) are compiled three times, for AVX-512,
 // AVX2+FMA and baseline x86-64 (or once elsewhere), with the 8-bit layers'
-// product written for AVX-512 VNNI and for AVX2, and the version the CPU
+// product written for AMX, AVX-512 VNNI and AVX2, and the version the CPU
 // supports is picked at load: a binary built for any x86-64 (as Moses is) uses
 // the vector units the machine has.
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -26,6 +26,18 @@
 #define CSLM_AVX2 __attribute__((target("avx2,fma")))
 #else
 #define CSLM_DISPATCH 0
+#endif
+// AMX's tiles (Intel Xeon from Sapphire Rapids on) need a compiler that knows
+// them (GCC 11, Clang 12) and Linux's permission for their state (5.16 on).
+#if CSLM_DISPATCH && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define CSLM_AMX_DISPATCH 1
+#define CSLM_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512vl,avx512bw,avx512vnni,avx2,fma")))
+#else
+#define CSLM_AMX_DISPATCH 0
 #endif
 
 namespace cslm {
@@ -212,7 +224,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   for (; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
 
 // kInt8 (cslm_local.h, "Precision"): r = the layer's input rounded to 8 bits,
-// r[i] = round(x[i] / s_h), s_h = max x / 255, zero past n up to n4; returns
+// r[i] = round(x[i] / s_h), s_h = max x / 255, zero past n up to npad; returns
 // s_h (0 for an input of zeros). x >= 0: a ReLU's output. W values at a
 // time: adding and subtracting kRound (1.5 x 2^23) rounds a float in
 // [0, 2^22) to the nearest integer, ties to even, as nearbyint does (which
@@ -234,7 +246,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   for (size_t l = 0; l < (W); ++l) top = most[l] > top ? most[l] : top;   \
   for (size_t k = i; k < n; ++k) top = x[k] > top ? x[k] : top;           \
   if (top == 0.0f) {                                                      \
-    std::memset(r, 0, n4);                                                \
+    std::memset(r, 0, npad);                                              \
     return 0.0f;                                                          \
   }                                                                       \
   const float sh = top / 255.0f;                                          \
@@ -249,7 +261,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
     const float v = (x[i] / sh + kRound) - kRound;                        \
     r[i] = static_cast<uint8_t>(v < 255.0f ? v : 255.0f);                 \
   }                                                                       \
-  for (; i < n4; ++i) r[i] = 0;                                           \
+  for (; i < npad; ++i) r[i] = 0;                                         \
   return sh;
 
 // acc[j] = sum_i r[i] q_j[i] for j < out16, over groups of four inputs (the
@@ -290,7 +302,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   ATTR void SumRelu##SUFFIX(size_t n, const float* const* __restrict x, size_t k,                        \
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }                   \
-  ATTR float Quantize##SUFFIX(size_t n, size_t n4, const float* __restrict x, uint8_t* __restrict r) {   \
+  ATTR float Quantize##SUFFIX(size_t n, size_t npad, const float* __restrict x, uint8_t* __restrict r) {   \
     CSLM_QUANTIZE_BODY(V, VU, W)                                                                         \
   }                                                                                                      \
   ATTR void DequantRelu##SUFFIX(size_t n, const int32_t* __restrict acc, float sh,                       \
@@ -302,13 +314,14 @@ void GemvI8Base(const int8_t* __restrict q, size_t groups, size_t out16, const u
                 int32_t* __restrict acc) {
   CSLM_GEMV_I8_BODY
 }
-// GemvI8 of n <= kBatch histories, r[h] into acc[h]: one history after another (the kernels without a batched
-// product); the VNNI kernel streams the weights once for all of them (GemvI8VnniBatch).
+// GemvI8 of n <= kBatch histories, the h-th's input at r + h * stride and its sums at acc + h * stride: one
+// history after another (the kernels without a batched product); the AMX and VNNI kernels stream the weights
+// once for several (GemvI8AmxBatch, GemvI8VnniBatch).
 const size_t kBatch = LocalModel::kBatch;
 template <void (*Gemv)(const int8_t*, size_t, size_t, const uint8_t*, int32_t*)>
-void GemvI8Each(const int8_t* q, size_t groups, size_t out16, const uint8_t* const* r, int32_t* const* acc,
+void GemvI8Each(const int8_t* q, size_t groups, size_t out16, const uint8_t* r, int32_t* acc, size_t stride,
                 size_t n) {
-  for (size_t h = 0; h < n; ++h) Gemv(q, groups, out16, r[h], acc[h]);
+  for (size_t h = 0; h < n; ++h) Gemv(q, groups, out16, r + h * stride, acc + h * stride);
 }
 // Packs the nonzeros of a[begin..end): their indices to idx, their values to
 // val, in order; returns how many. idx and val hold end - begin entries (a
@@ -456,22 +469,115 @@ CSLM_VNNI void GemvI8VnniH(const int8_t* q, size_t groups, size_t out16, const u
 // EPYC with AVX-512 VNNI) took per history 15.3 us alone; two at a time 14.9
 // with NB = 8 (22.3 with NB = 2: a group's weights reloaded for every 32
 // outputs, and a group skipped only when zero for both), three 13.1, four
-// 10.5 (NB = 4), six 9.3, eight 9.1 (NB = 2).
-CSLM_VNNI void GemvI8VnniBatch(const int8_t* q, size_t groups, size_t out16, const uint8_t* const* r,
-                               int32_t* const* acc, size_t n) {
-  const uint32_t* r4[kBatch];
-  for (size_t h = 0; h < n; ++h) r4[h] = reinterpret_cast<const uint32_t*>(r[h]);
-  switch (n) {
-    case 1: GemvI8Vnni(q, groups, out16, r[0], acc[0]); break;
-    case 2: GemvI8VnniH<2, 8>(q, groups, out16, r4, acc); break;
-    case 3: GemvI8VnniH<3, 8>(q, groups, out16, r4, acc); break;
-    case 4: GemvI8VnniH<4, 4>(q, groups, out16, r4, acc); break;
-    case 5: GemvI8VnniH<5, 4>(q, groups, out16, r4, acc); break;
-    case 6: GemvI8VnniH<6, 4>(q, groups, out16, r4, acc); break;
-    case 7: GemvI8VnniH<7, 2>(q, groups, out16, r4, acc); break;
-    case 8: GemvI8VnniH<8, 2>(q, groups, out16, r4, acc); break;
-    default: break;
+// 10.5 (NB = 4), six 9.3, eight 9.1 (NB = 2). More than eight go eight at a time.
+CSLM_VNNI void GemvI8VnniBatch(const int8_t* q, size_t groups, size_t out16, const uint8_t* r, int32_t* acc,
+                               size_t stride, size_t n) {
+  for (; n > 0; r += 8 * stride, acc += 8 * stride, n -= std::min<size_t>(n, 8)) {
+    const uint32_t* r4[8];
+    int32_t* a[8];
+    for (size_t h = 0; h < n && h < 8; ++h) {
+      r4[h] = reinterpret_cast<const uint32_t*>(r + h * stride);
+      a[h] = acc + h * stride;
+    }
+    switch (std::min<size_t>(n, 8)) {
+      case 1: GemvI8Vnni(q, groups, out16, r, acc); break;
+      case 2: GemvI8VnniH<2, 8>(q, groups, out16, r4, a); break;
+      case 3: GemvI8VnniH<3, 8>(q, groups, out16, r4, a); break;
+      case 4: GemvI8VnniH<4, 4>(q, groups, out16, r4, a); break;
+      case 5: GemvI8VnniH<5, 4>(q, groups, out16, r4, a); break;
+      case 6: GemvI8VnniH<6, 4>(q, groups, out16, r4, a); break;
+      case 7: GemvI8VnniH<7, 2>(q, groups, out16, r4, a); break;
+      default: GemvI8VnniH<8, 2>(q, groups, out16, r4, a); break;
+    }
   }
+}
+#endif
+
+#if CSLM_AMX_DISPATCH
+// GemvI8 of up to 16 histories with AMX (Intel's Advanced Matrix Extensions):
+// their inputs are the rows of tile A (n x 64 bytes: 64 inputs each, `stride`
+// apart), and a tile B holds 16 groups of four inputs of 16 outputs (16 rows
+// of 64 bytes) read from Layer::q as it is, one row per group, out16 x 4 bytes
+// apart. tdpbusd adds A's u8 x B's s8 products, four at a time, into tile C's
+// n x 16 int32 sums: the histories' sums of those 16 outputs. Four C tiles
+// take 64 outputs a pass over the groups (tiles 0-3), A one tile (4), B
+// three (5-7). The sums are exact, CSLM_GEMV_I8_BODY's: the layer's inputs
+// are padded with zeros to in64, a multiple of 64 (Layer::q's groups, and each
+// history's r).
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];  // a tile's bytes a row
+  uint8_t rows[16];
+};
+CSLM_AMX void GemvI8Amx(const int8_t* q, size_t groups, size_t out16, const uint8_t* r, int32_t* acc,
+                        size_t stride, size_t n) {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t < 5 ? n : 16);  // C and A: a row per history; B: 16 groups
+  }
+  _tile_loadconfig(&cfg);
+  const size_t ldq = out16 * 4, blocks = groups / 16;  // Layer::q's bytes a group; 64 inputs a block
+  size_t j = 0;
+  for (; j + 64 <= out16; j += 64) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (size_t k = 0; k < blocks; ++k) {
+      const int8_t* w = q + (16 * k * out16 + j) * 4;
+      _tile_loadd(4, r + 64 * k, stride);
+      _tile_loadd(5, w, ldq);
+      _tile_dpbusd(0, 4, 5);
+      _tile_loadd(6, w + 64, ldq);
+      _tile_dpbusd(1, 4, 6);
+      _tile_loadd(7, w + 128, ldq);
+      _tile_dpbusd(2, 4, 7);
+      _tile_loadd(5, w + 192, ldq);
+      _tile_dpbusd(3, 4, 5);
+    }
+    _tile_stored(0, acc + j, stride * 4);
+    _tile_stored(1, acc + j + 16, stride * 4);
+    _tile_stored(2, acc + j + 32, stride * 4);
+    _tile_stored(3, acc + j + 48, stride * 4);
+  }
+  for (; j < out16; j += 16) {  // the last out16 % 64, 16 at a time
+    _tile_zero(0);
+    for (size_t k = 0; k < blocks; ++k) {
+      _tile_loadd(4, r + 64 * k, stride);
+      _tile_loadd(5, q + (16 * k * out16 + j) * 4, ldq);
+      _tile_dpbusd(0, 4, 5);
+    }
+    _tile_stored(0, acc + j, stride * 4);
+  }
+  _tile_release();
+}
+
+// AMX's cost is about that of a tile of 16 rows however many it holds, so
+// fewer than eight histories go to VNNI's product (GemvI8VnniBatch). The
+// paper's 1,536 x 1,024 layer, per history (a standalone microbenchmark, 2-core
+// Intel Xeon with AMX, a virtual machine, the weights in the cache; six runs,
+// the best of five passes each): VNNI 20-25 us alone, 10-11 four or eight at a
+// time; AMX 23-26 alone, 6-7 four at a time, 3.1-3.6 eight, 1.7 sixteen in
+// four runs, and about five times as long in the other two (VNNI's four or
+// eight 15-20 then): from eight on AMX was the faster in every run.
+CSLM_AMX void GemvI8AmxBatch(const int8_t* q, size_t groups, size_t out16, const uint8_t* r, int32_t* acc,
+                             size_t stride, size_t n) {
+  if (n < 8)
+    GemvI8VnniBatch(q, groups, out16, r, acc, stride, n);
+  else
+    GemvI8Amx(q, groups, out16, r, acc, stride, n);
+}
+
+// True where the CPU has AMX's tiles and 8-bit products and Linux lets this
+// process use them (arch_prctl's ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA,
+// Linux 5.16 and later; asked once, for every thread).
+bool AmxUsable() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return false;
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 #endif
 
@@ -483,25 +589,36 @@ struct Kernels {
   void (*relu)(size_t, float*);
   size_t (*pack)(size_t, const float*, uint32_t*, float*);
   float (*quantize)(size_t, size_t, const float*, uint8_t*);
-  void (*gemv_i8_batch)(const int8_t*, size_t, size_t, const uint8_t* const*, int32_t* const*, size_t);
+  void (*gemv_i8_batch)(const int8_t*, size_t, size_t, const uint8_t*, int32_t*, size_t, size_t);
   void (*dequant_relu)(size_t, const int32_t*, float, const float*, const float*, float*);
   const char* name;
 };
 
-// The widest kernels the CPU runs, at most those the environment's CSLM_KERNELS names ("avx512", "avx2" or
-// "baseline"; unset or empty: no limit), so that the narrower ones can be timed on the same machine, as
-// MKL_ENABLE_INSTRUCTIONS does for MKL. Another value is refused (std::invalid_argument).
+// The widest kernels the CPU runs, at most those the environment's CSLM_KERNELS names ("amx", "avx512",
+// "avx2" or "baseline"; unset or empty: no limit), so that the narrower ones can be timed on the same machine,
+// as MKL_ENABLE_INSTRUCTIONS does for MKL. Another value is refused (std::invalid_argument). "amx": the
+// AVX-512 kernels, with kInt8's products in AMX tiles.
 Kernels PickKernels() {
   const char* cap = getenv("CSLM_KERNELS");
   const std::string want = cap ? cap : "";
-  if (!want.empty() && want != "avx512" && want != "avx2" && want != "baseline")
-    throw std::invalid_argument("CSLM_KERNELS=" + want + ": not avx512, avx2 or baseline (unset it for the CPU's widest)");
+  if (!want.empty() && want != "amx" && want != "avx512" && want != "avx2" && want != "baseline")
+    throw std::invalid_argument("CSLM_KERNELS=" + want +
+                                ": not amx, avx512, avx2 or baseline (unset it for the CPU's widest)");
 #if CSLM_DISPATCH
   __builtin_cpu_init();
-  if ((want.empty() || want == "avx512") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+  if ((want.empty() || want == "amx" || want == "avx512") && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512vl")) {
     Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, PackAvx512,
                  QuantizeAvx512, GemvI8Each<GemvI8Madd>, DequantReluAvx512, "avx512"};
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) k.gemv_i8_batch = GemvI8VnniBatch;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) {
+      k.gemv_i8_batch = GemvI8VnniBatch;
+#if CSLM_AMX_DISPATCH
+      if (want != "avx512" && AmxUsable()) {
+        k.gemv_i8_batch = GemvI8AmxBatch;
+        k.name = "amx";
+      }
+#endif
+    }
     return k;
   }
   if (want != "baseline" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
@@ -650,13 +767,13 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     if (s[1] != in) throw Fail(st_path, "hidden layer sizes do not chain");
     L.in = s[1];
     L.out = s[0];
-    L.in4 = (L.in + 3) / 4 * 4;
+    L.in64 = (L.in + 63) / 64 * 64;
     L.out16 = (L.out + 15) / 16 * 16;
     if (precision_ == kInt8) {
       // W_k[j][i] ~ s_j q_j[i] (cslm_local.h, "Precision"), in groups of four inputs per output. A sum of
       // in x 255 x 127 must fit 32 bits.
       if (L.in > 65536) throw Fail(st_path, "hidden layer " + std::to_string(k) + " is too wide for precision int8");
-      L.q.assign(L.in4 * L.out16, 0);
+      L.q.assign(L.in64 * L.out16, 0);
       L.scale.assign(L.out, 0.0f);
       for (size_t j = 0; j < L.out; ++j) {
         float top = 0.0f;
@@ -725,28 +842,26 @@ void LocalModel::HiddenBatch(const uint32_t* const* histories, size_t n, float* 
     return;
   }
   // each history's vectors `stride` apart, whole cache lines: a layer's input and output, its rounded input,
-  // its sums (every width at most the widest layer's, padded to 16)
-  size_t stride = (h1_ + 15) / 16 * 16;
+  // its sums (every width at most the widest layer's, padded to 64)
+  size_t stride = h1_;
   for (size_t l = 0; l < layers_.size(); ++l) stride = std::max(stride, layers_[l].out16);
+  stride = (stride + 63) / 64 * 64;
   s->batch_a.resize(n * stride);
   s->batch_b.resize(n * stride);
   s->batch_r.resize(n * stride);
   s->batch_acc.resize(n * stride);
   float* a = &s->batch_a[0];
   float* b = &s->batch_b[0];
-  uint8_t* r[kBatch];
-  int32_t* acc[kBatch];
+  uint8_t* r = &s->batch_r[0];
+  int32_t* acc = &s->batch_acc[0];
   float sh[kBatch];
-  for (size_t i = 0; i < n; ++i) {
-    FirstLayer(histories[i], a + i * stride, s);
-    r[i] = &s->batch_r[i * stride];
-    acc[i] = &s->batch_acc[i * stride];
-  }
+  for (size_t i = 0; i < n; ++i) FirstLayer(histories[i], a + i * stride, s);
   for (size_t l = 0; l < layers_.size(); ++l) {  // h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i]) ("Precision")
     const Layer& L = layers_[l];
-    for (size_t i = 0; i < n; ++i) sh[i] = K().quantize(L.in, L.in4, a + i * stride, r[i]);
-    K().gemv_i8_batch(&L.q[0], L.in4 / 4, L.out16, r, acc, n);
-    for (size_t i = 0; i < n; ++i) K().dequant_relu(L.out, acc[i], sh[i], &L.scale[0], &L.bias[0], b + i * stride);
+    for (size_t i = 0; i < n; ++i) sh[i] = K().quantize(L.in, L.in64, a + i * stride, r + i * stride);
+    K().gemv_i8_batch(&L.q[0], L.in64 / 4, L.out16, r, acc, stride, n);
+    for (size_t i = 0; i < n; ++i)
+      K().dequant_relu(L.out, acc + i * stride, sh[i], &L.scale[0], &L.bias[0], b + i * stride);
     std::swap(a, b);
   }
   for (size_t i = 0; i < n; ++i) std::memcpy(h[i], a + i * stride, hidden_size() * sizeof(float));

@@ -50,13 +50,13 @@
 //       h[i] ~ s_h r[i],  r in 0..255,  s_h = max_i h[i] / 255
 //     and then
 //       h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i])
-//     with the sum exact in 32-bit integers: AVX-512 VNNI's vpdpbusd where
-//     the CPU has it, AVX2's vpmaddwd (level with kFloat32), or a plain loop
-//     (several times slower). Score computes the histories missing from its
-//     cache kBatch at a time (HiddenBatch), so that with VNNI each layer's
-//     weights are read once for all of them; the sums being exact, each
-//     history's layers are those it has alone. With VNNI, about 2.8 times
-//     the n-grams/s of kFloat32 (docs/moses-feature.md).
+//     with the sum exact in 32-bit integers: AMX's tdpbusd or AVX-512 VNNI's
+//     vpdpbusd where the CPU has them, AVX2's vpmaddwd (level with
+//     kFloat32), or a plain loop (several times slower). Score computes the
+//     histories missing from its cache kBatch at a time (HiddenBatch), so
+//     that with AMX or VNNI each layer's weights are read once for several;
+//     the sums being exact, each history's layers are those it has alone.
+//     With VNNI, about 2.8 times the n-grams/s of kFloat32 (docs/moses-feature.md).
 //     The first layer, the output layer and ln Z stay float32. The scores
 //     move by a few thousandths of a nat on average
 //     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
@@ -172,8 +172,9 @@ class LocalModel {
   };
   static const size_t kSourceSlots = 256;
   // Histories Score computes in one batch (HiddenBatch): with kInt8 together,
-  // so that a layer's 8-bit weights are read once for all of them.
-  static const size_t kBatch = 8;
+  // so that a layer's 8-bit weights are read once for all of them (AMX's tiles
+  // hold 16; VNNI's registers, 8 at a time).
+  static const size_t kBatch = 16;
 
   // Loads MODEL_DIR, its layers after the first kept in `precision`; throws
   // std::runtime_error("FILE: reason") on anything missing, malformed or
@@ -204,8 +205,9 @@ class LocalModel {
   bool self_normalized() const { return self_norm_ > 0 || nce_; }
   double self_norm_alpha() const { return self_norm_; }
   size_t table_bytes() const { return (table_.size() + src_table_.size()) * sizeof(float); }
-  // The vector instructions the kernels use here: "avx512", "avx2" or "baseline" (the CPU's widest, at most
-  // what the environment's CSLM_KERNELS names). Throws std::invalid_argument on another CSLM_KERNELS value.
+  // The vector instructions the kernels use here: "amx" (AVX-512, with kInt8's products in AMX tiles),
+  // "avx512", "avx2" or "baseline" (the CPU's widest, at most what the environment's CSLM_KERNELS names).
+  // Throws std::invalid_argument on another CSLM_KERNELS value.
   static const char* Kernels();
 
   // Scores `count` rows of row_size() ids each (the order()-1 history words
@@ -233,8 +235,8 @@ class LocalModel {
   void FirstLayer(const uint32_t* history, float* a, Scratch* scratch) const;
   // The last hidden layers of n <= kBatch histories, into h[0..n): Hidden's
   // values. With kInt8, computed together (one pass over each layer's weights
-  // with AVX-512 VNNI: its integer sums are exact, so the values are those of
-  // a batch of one, which Hidden is); with kFloat32, one by one.
+  // with AMX or AVX-512 VNNI: their integer sums are exact, so the values are
+  // those of a batch of one, which Hidden is); with kFloat32, one by one.
   void HiddenBatch(const uint32_t* const* histories, size_t n, float* const* h, Scratch* scratch) const;
   // The cached layer of a history (a hit), valid until the next call with this
   // scratch, or null (a miss; null without counting where there is no cache).
@@ -247,8 +249,8 @@ class LocalModel {
     Floats wt;  // kFloat32: the transposed weight, wt[k * out + j] = W[j][k]
     Floats bias;
     // kInt8: q[(g * out16 + j) * 4 + t] = q_j[4g + t], in and out padded with
-    // zeros to in4 (a multiple of 4) and out16 (of 16); scale[j] = s_j.
-    size_t in4, out16;
+    // zeros to in64 (a multiple of 64, AMX's tile row) and out16 (of 16); scale[j] = s_j.
+    size_t in64, out16;
     Int8s q;
     Floats scale;
   };

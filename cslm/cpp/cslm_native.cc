@@ -229,6 +229,17 @@ void* cslm_native_open(const char* model_dir, size_t history_slots, const char* 
   return 0;
 }
 
+// The vector instructions the evaluator's kernels use here (cslm_local.h,
+// LocalModel::Kernels), or 0 with the reason in err (a CSLM_KERNELS it refuses).
+const char* cslm_native_kernels(char* err, size_t err_size) {
+  try {
+    return cslm::LocalModel::Kernels();
+  } catch (const std::exception& e) {
+    Say(e.what(), err, err_size);
+  }
+  return 0;
+}
+
 // What the model is: ids per row (order + source window) and the vocabulary's
 // size; and the rows per thread past which a call is no cheaper per row
 // (kRowsPerThread).
