@@ -347,7 +347,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
 @click.option("--evaluator", type=click.Choice(["auto", "native", "graphs", "torch"]), default="auto",
               show_default=True,
               help="Who computes: native, with --self-normalized on a CPU, the C++ evaluator of Moses's in-process "
-                   "mode (one history at a time, eight with --precision int8; a request's rows split over --threads "
+                   "mode (one history at a time, up to sixteen with --precision int8; a request's rows split over --threads "
                    "cores; the faster on a decoder's requests); graphs, on a GPU, the network recorded as CUDA graphs, replayed with one "
                    "launch a request; torch, batched matrix products; auto, native for self-normalised scores on a "
                    "CPU where the install built it, graphs on a GPU, else torch.")
@@ -358,7 +358,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
                    "[16384 native, 0 torch].")
 @click.option("--precision", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
               help="The C++ evaluator's layers after the first: int8 stores their weights in 8 bits and rounds "
-                   "their inputs to 8 bits per history (faster with AVX-512 VNNI; scores move by a few "
+                   "their inputs to 8 bits per history (faster with AVX-512 VNNI or AMX; scores move by a few "
                    "thousandths of a nat, docs/moses-feature.md). Needs --self-normalized on a CPU.")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")

@@ -189,7 +189,7 @@ class Engine:
         """Who computes the scores; returns the one chosen, "native", "graphs" or "torch".
 
         * "native": on a CPU, the C++ evaluator of Moses's in-process mode (cslm.native): one history at a time
-          (eight with int8), a call's rows shared out over as many threads as torch has, which share one cache of
+          (up to sixteen with int8), a call's rows shared out over as many threads as torch has, which share one cache of
           `history_cache` last hidden layers (None: NATIVE_HISTORY_SLOTS), its layers after the first in
           `precision` ("fp32", or "int8": cslm_local.h, "Precision");
         * "graphs": on a GPU, the network (self-normalised or exact) recorded as CUDA graphs over batch sizes

@@ -3,8 +3,8 @@ cslm/cpp/cslm_local.cc's LocalModel does, through the library cslm/_native (cslm
 by `pip install`; ctypes, no Python headers).
 
 `cslm serve --self-normalized` on a CPU scores with it (`Engine.use_evaluator`): per n-gram one output row
-over a cached last hidden layer, the histories one at a time (a call's rows split over threads), where torch
-batches them into matrix products; on a decoder's requests it is the faster of the two (docs/moses-feature.md,
+over a cached last hidden layer, the histories one at a time (with int8 layers, up to sixteen together; a
+call's rows split over threads), where torch batches them into matrix products; on a decoder's requests it is the faster of the two (docs/moses-feature.md,
 "The server beside the decoder on CPU cores").
 """
 

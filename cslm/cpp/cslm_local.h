@@ -56,7 +56,7 @@
 //     histories missing from its cache kBatch at a time (HiddenBatch), so
 //     that with AMX or VNNI each layer's weights are read once for several;
 //     the sums being exact, each history's layers are those it has alone.
-//     With VNNI, about 2.8 times the n-grams/s of kFloat32 (docs/moses-feature.md).
+//     Its speed against kFloat32's: docs/moses-feature.md.
 //     The first layer, the output layer and ln Z stay float32. The scores
 //     move by a few thousandths of a nat on average
 //     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
