@@ -180,6 +180,8 @@ def test_a_server_scores_with_the_cpp_evaluator_by_default(model_dir):  # noqa: 
     finally:
         s.stop()
     assert st["model"]["evaluator"] == "native" and st["config"]["evaluator"] == "auto"
+    assert st["model"]["kernels"] == native.kernels()
+    assert f"the C++ evaluator ({native.kernels()} kernels)" in startup_message(engine, "h", 1)
     hc = st["history_cache"]
     assert hc["capacity"] == 16384 and hc["hits"] > 0 and hc["hits"] + hc["misses"] == 2 * len(grams) + 70
 
@@ -206,7 +208,7 @@ def test_a_server_with_int8_layers_answers_as_the_int8_evaluator(model_dir):  # 
     diff = np.abs(got - fp32.score(rows, normalized=False))
     assert 0 < diff.max() < 0.1
     assert st["model"]["precision"] == "int8" and st["config"]["precision"] == "int8"
-    assert "(int8 layers after the first)" in startup_message(engine, "h", 1)
+    assert f"({native.kernels()} kernels, int8 layers after the first)" in startup_message(engine, "h", 1)
     with pytest.raises(UserError, match="--precision int8 is the C\\+\\+ evaluator's"):
         ServerThread(engine, precision="int8", evaluator="torch")
     with pytest.raises(UserError, match="--precision int8 does not apply"):
