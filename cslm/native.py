@@ -4,8 +4,8 @@ by `pip install`; ctypes, no Python headers).
 
 `cslm serve --self-normalized` on a CPU scores with it (`Engine.use_evaluator`): per n-gram one output row
 over a cached last hidden layer, the histories one at a time (with int8 layers, up to sixteen together; a
-call's rows split over threads), where torch batches them into matrix products; on a decoder's requests it is the faster of the two (docs/moses-feature.md,
-"The server beside the decoder on CPU cores").
+call's rows split over threads), where torch batches them into matrix products; on a decoder's requests it is
+the faster of the two (docs/moses-feature.md, "The server beside the decoder on CPU cores").
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class NativeModel:
             raise UserError(err.value.decode(errors="replace") or f"{model_dir}: cannot load")
         self._lib, self._handle, self.model_dir, self.history_slots = lib, handle, model_dir, history_slots
         self.precision = precision
+        self.kernels = kernels()  # the vector instructions it computes with
         self.threads = max(1, threads)
         row, vocab, per_thread = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_size_t()
         lib.cslm_native_facts(handle, ctypes.byref(row), ctypes.byref(vocab), ctypes.byref(per_thread))

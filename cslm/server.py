@@ -46,7 +46,6 @@ from . import protocol as P
 from .batcher import Batcher, CachedScorer
 from .engine import Engine
 from .limits import LISTEN_BACKLOG, OUT_OF_RESOURCES, ByteBudget, ServerConfig, connection_limit, open_file_limit
-from .native import kernels
 from .stats import RateLimitedLog, Stats, shutdown_summary, startup_message
 
 __all__ = ["Server", "ServerConfig", "serve", "check_port_file", "connection_limit", "RateLimitedLog",
@@ -436,7 +435,7 @@ class Server:
         hc, native = self.engine.history_cache, self.engine.native
         if native is not None:  # one cache of `history_slots` rows, shared by the evaluator's threads
             d["model"]["precision"] = native.precision
-            d["model"]["kernels"] = kernels()
+            d["model"]["kernels"] = native.kernels
             hits, misses = native.cache_counts()
             d["history_cache"] = {"hits": hits, "misses": misses, "size": None, "capacity": native.history_slots}
         elif hc is not None:

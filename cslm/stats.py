@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 from . import protocol as P
-from .native import kernels
 
 REQUEST_NAMES = {P.HELLO: "hello", P.SCORE: "score", P.SCORE_TEXT: "score_text", P.LOOKUP: "lookup",
                  P.VOCAB: "vocab", P.STATS: "stats"}
@@ -134,7 +133,7 @@ def startup_message(engine, host: str, port: int, name: str | None = None) -> st
     scores = "" if engine.normalized else \
         "; self-normalized scores o_w, no softmax: log-probabilities only if the model was trained with --self-norm"
     native, graphs = engine.native, engine.graphs
-    device = f"device {engine.device}" + ("" if native is None else f", the C++ evaluator ({kernels()} kernels" + (
+    device = f"device {engine.device}" + ("" if native is None else f", the C++ evaluator ({native.kernels} kernels" + (
         f", {native.precision} layers after the first" if native.precision != "fp32" else "") + ")") + (
         "" if graphs is None else f", CUDA graphs of {len(graphs.sizes)} batch sizes up to {graphs.sizes[-1]}")
     return (f"cslm: serving{what} on {host}:{port} (order {engine.order}, {len(engine.vocab)} words, "

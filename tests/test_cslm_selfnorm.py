@@ -303,7 +303,7 @@ def test_cli_serve_self_normalized(cslm_model, tmp_path):  # noqa: F811
     err = proc.stderr.read()
     lines = err.splitlines()
     assert lines[0].startswith(f"cslm: warning: {cslm_model} was trained without self-normalisation"), err
-    device = "device cpu, the C++ evaluator" if fast.native is not None else "device cpu"
+    device = "device cpu" if fast.native is None else f"device cpu, the C++ evaluator ({fast.native.kernels} kernels)"
     assert lines[1].startswith(f"cslm: serving {cslm_model} on 127.0.0.1:{port} (order 7, 60 words, mode unk, "
                                f"{device}; self-normalized scores o_w, no softmax"), err
 
