@@ -35,7 +35,6 @@ import numpy as np
 from cslm.client import AsyncClient, Client
 from common import emit, parse_cpus, pinned
 from cslm.engine import Engine
-from cslm.native import kernels
 from mtcommon.textio import iter_lines
 
 
@@ -171,7 +170,7 @@ def main() -> None:
         "device": a.device,
         "scores": engine.scores,
         "evaluator": evaluator,
-        "kernels": kernels() if evaluator == "native" else None,  # the C++ evaluator's vector instructions
+        "kernels": None if engine.native is None else engine.native.kernels,  # the C++ evaluator's instructions
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "server_cpus": sorted(a.server_cpus) if a.server_cpus else None,

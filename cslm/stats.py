@@ -133,9 +133,12 @@ def startup_message(engine, host: str, port: int, name: str | None = None) -> st
     scores = "" if engine.normalized else \
         "; self-normalized scores o_w, no softmax: log-probabilities only if the model was trained with --self-norm"
     native, graphs = engine.native, engine.graphs
-    device = f"device {engine.device}" + ("" if native is None else f", the C++ evaluator ({native.kernels} kernels" + (
-        f", {native.precision} layers after the first" if native.precision != "fp32" else "") + ")") + (
-        "" if graphs is None else f", CUDA graphs of {len(graphs.sizes)} batch sizes up to {graphs.sizes[-1]}")
+    device = f"device {engine.device}"
+    if native is not None:
+        layers = f", {native.precision} layers after the first" if native.precision != "fp32" else ""
+        device += f", the C++ evaluator ({native.kernels} kernels{layers})"
+    if graphs is not None:
+        device += f", CUDA graphs of {len(graphs.sizes)} batch sizes up to {graphs.sizes[-1]}"
     return (f"cslm: serving{what} on {host}:{port} (order {engine.order}, {len(engine.vocab)} words, "
             f"mode {engine.mode}, {device}{scores})")
 
