@@ -55,9 +55,11 @@ def run_local(exe: Path, model: Path, grams: list[list[str]], kernels: str | Non
     return np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
 
 
-def random_model(loaded, hidden: tuple[int, ...], seed: int, scale: float, path: Path):
+def random_model(loaded, hidden: tuple[int, ...], seed: int, scale: float, path: Path, grid: float = 0.0):
     """A model of `loaded`'s vocabulary and order with rectified layers `hidden` and weights uniform in
-    +-scale, saved in `path` (not self-normalised); returns its config."""
+    +-scale, saved in `path` (not self-normalised); returns its config. With a `grid`, the embeddings and
+    the first layer's weights are multiples of it, so that the first layer's premultiplied tables are exact
+    in float32 whatever the kernel that sums them."""
     from cslm.model import CSLM, CSLMConfig
 
     cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": hidden})
@@ -65,6 +67,10 @@ def random_model(loaded, hidden: tuple[int, ...], seed: int, scale: float, path:
     model = CSLM(cfg)
     for p in model.parameters():
         torch.nn.init.uniform_(p, -scale, scale)
+    if grid:
+        with torch.no_grad():
+            for p in (model.embed.weight, model.hidden[0].weight):
+                p.copy_(torch.round(p / grid) * grid)
     modeldir.save_vocab(str(path), loaded.vocab)
     modeldir.save_weights(str(path), model, {"train_config": {"self_norm": 0.0}})
     return cfg
@@ -118,18 +124,37 @@ def test_narrower_kernels_score_the_same(local_exe, model_dir):
     assert r.stderr.strip() == "CSLM_KERNELS=sse9: not amx, avx512, avx2 or baseline (unset it for the CPU's widest)"
 
 
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float64."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """(exact, self-normalised) scores of `grams` by cslm_local.h's int8 equations, in float64 with numpy:
-    W_k ~ s_j q_j (q = round(W / s_j), s_j = max |W_j| / 127), each layer's input rounded to r = round(h / s_h),
-    s_h = max h / 255, h_k = relu(b_k + s_h s_j sum_i r_i q_j[i]) for every rectified layer after the first."""
+    """(exact, self-normalised) scores of `grams` by cslm_local.h's int8 equations (`int8_scores`)."""
     m = modeldir.load(str(loaded_dir))
-    sd = {k: v.double().numpy() for k, v in m.model.state_dict().items()}
     order = m.config.order
     rows = np.full((len(grams), order), m.vocab.encode(["<s>"])[0], np.int64)
     for i, g in enumerate(grams):
         rows[i, order - len(g):] = m.vocab.encode(g)
-    x = sd["embed.weight"][rows[:, :-1]].reshape(len(grams), -1)
-    h = np.maximum(x @ sd["hidden.0.weight"].T + sd["hidden.0.bias"], 0)
+    return int8_scores(m, rows)
+
+
+def int8_scores(m, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(exact, self-normalised) scores of a loaded model's id rows (the history, a joint model's source window,
+    the predicted word) by cslm_local.h's int8 equations, in float64 with numpy: the first layer's tables
+    T_p[w] = W_1[:, p] . embed[w] (and S_q[s] with src_embed) rounded to bfloat16, then W_k ~ s_j q_j
+    (q = round(W / s_j), s_j = max |W_j| / 127), each layer's input rounded to r = round(h / s_h),
+    s_h = max h / 255, h_k = relu(b_k + s_h s_j sum_i r_i q_j[i]) for every rectified layer after the first."""
+    sd = {k: v.double().numpy() for k, v in m.model.state_dict().items()}
+    e = sd["embed.weight"].shape[1]
+    h = sd["hidden.0.bias"]
+    for p in range(rows.shape[1] - 1):  # target positions, then source ones
+        emb = sd["embed.weight"] if p < m.config.order - 1 else sd["src_embed.weight"]
+        table = bf16(emb @ sd["hidden.0.weight"][:, p * e : (p + 1) * e].T)
+        h = h + table[rows[:, p]]
+    h = np.maximum(h, 0)
     k = 1
     while f"hidden.{k}.weight" in sd:
         w, b = sd[f"hidden.{k}.weight"], sd[f"hidden.{k}.bias"]
@@ -140,25 +165,27 @@ def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray
         h = np.maximum(b + (r @ q.T) * sh[:, None] * s[None, :], 0)
         k += 1
     logits = h @ sd["out.weight"].T + sd["out.bias"]
-    o_w = logits[np.arange(len(grams)), rows[:, -1]]
+    o_w = logits[np.arange(len(rows)), rows[:, -1]]
     log_z = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
     return o_w - log_z, o_w
 
 
 def test_int8_layers_follow_their_equations_with_every_kernel(local_exe, model_dir, tmp_path):
-    """--precision int8: the layers after the first in 8 bits (cslm_local.h, "Precision"), their outputs 300,
-    270 and 30 padded to whole vectors and their inputs to 64. Every kernel (AMX and AVX-512 VNNI where the
-    CPU has them) gives the scores of the equations computed in float64; the integer sums are exact, so the
-    kernels differ only by the float rounding of the last step. The scores stay near float32's, not equal."""
+    """--precision int8: the first layer's tables in bfloat16 and the layers after it in 8 bits (cslm_local.h,
+    "Precision"), their outputs 300, 270 and 30 padded to whole vectors and their inputs to 64. Every kernel
+    (AMX and AVX-512 VNNI where the CPU has them) gives the scores of the equations computed in float64; the
+    integer sums are exact, so the kernels differ only by the float rounding of the last step. The scores
+    stay near float32's, not equal. The first layer's weights lie on a grid, so that its tables are exact in
+    float32 before their rounding: every kernel rounds the same values."""
     out, loaded, corpus = model_dir
-    random_model(loaded, (300, 270, 30), 4, 0.1, tmp_path / "wide")
+    random_model(loaded, (300, 270, 30), 4, 0.1, tmp_path / "wide", grid=2.0**-7)
     grams = ngrams_of(corpus, loaded.config.order, 100)
     want_exact, want_sn = int8_reference(tmp_path / "wide", grams)
     fp32 = run_local(local_exe, tmp_path / "wide", grams)
     runs = {}
     for cap in ("amx", "avx512", "avx2", "baseline"):
         got = runs[cap] = run_local(local_exe, tmp_path / "wide", grams, kernels=cap, precision="int8")
-        assert np.max(np.abs(got[:, 1] - want_sn)) < 1e-4 and np.max(np.abs(got[:, 0] - want_exact)) < 1e-4, cap
+        assert np.max(np.abs(got[:, 1] - want_sn)) < 1e-5 and np.max(np.abs(got[:, 0] - want_exact)) < 1e-5, cap
     assert np.array_equal(runs["amx"], runs["avx512"])  # the same float steps on exact sums
     assert np.max(np.abs(runs["avx2"] - runs["avx512"])) < 1e-4
     assert np.max(np.abs(runs["baseline"] - runs["avx512"])) < 1e-4

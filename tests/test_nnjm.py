@@ -4,6 +4,7 @@ exact resume, the engine against the network, commands, and plain CSLMs unchange
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -382,6 +383,33 @@ def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, co
     for column, normalized in ((0, True), (1, False)):
         want, _ = Engine.load(str(out), device="cpu", normalized=normalized).score_ids(rows)
         assert np.max(np.abs(got[:, column] - want)) < 1e-4
+
+
+def test_the_cpp_evaluators_int8_joint_model_follows_its_equations(local_exe, corpus, joint_model, tmp_path):
+    """--precision int8 on a joint model: both first-layer tables, T_p and S_q, in bfloat16, the layers after
+    it in 8 bits (cslm_local.h, "Precision"), with every kernel. The embeddings and the first layer's weights
+    are put on a grid, so that the tables are exact in float32 before their rounding."""
+    from safetensors.torch import save_file
+    from test_cslm_local import int8_scores
+
+    out, _ = joint_model
+    grid = tmp_path / "grid"
+    shutil.copytree(out, grid)
+    tensors = load_file(str(grid / "model.safetensors"))
+    for name in ("embed.weight", "src_embed.weight", "hidden.0.weight"):
+        tensors[name] = torch.round(tensors[name] * 128) / 128
+    save_file(tensors, str(grid / "model.safetensors"))
+    loaded = modeldir.load(str(grid))
+    rows, lines = _joint_rows(corpus, loaded)
+    want_exact, want_sn = int8_scores(loaded, rows)
+    fp32, _ = Engine.load(str(grid), device="cpu", normalized=False).score_ids(rows)
+    for cap in ("amx", "avx512", "avx2", "baseline"):
+        r = subprocess.run([str(local_exe), str(grid), "--precision", "int8"], input="".join(x + "\n" for x in lines),
+                           capture_output=True, text=True, timeout=60, env={**os.environ, "CSLM_KERNELS": cap})
+        assert r.returncode == 0, r.stderr
+        got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+        assert np.max(np.abs(got[:, 0] - want_exact)) < 1e-5 and np.max(np.abs(got[:, 1] - want_sn)) < 1e-5, cap
+        assert 0 < np.max(np.abs(got[:, 1] - fp32)) < 0.2, cap
 
 
 def test_the_cpp_evaluator_wants_whole_joint_rows(local_exe, joint_model):
