@@ -15,7 +15,10 @@ in-process mode and `cslm serve` (cslm/native.py) with `precision=fp32` and
 * speed: n-grams per second on one thread with no history cache, so that every
   history's hidden layers are computed (consecutive n-grams of one history
   share them, as in a decoder's requests); the two precisions take turns of
-  --seconds, medians of --repeats.
+  --seconds, medians of --repeats;
+* memory: how much each model's loading grew the process's resident memory
+  (`resident_mib`, Linux): the premultiplied first-layer tables, float32 in
+  both, for the most part, and the layers after the first, a quarter the size in int8.
 
 Target: int8's perplexity within 0.1% of float32's (`ppl_ratio_int8_over_fp32`),
 and int8 faster on a CPU with AVX-512 VNNI or AMX (`speedup_int8_over_fp32` > 1).
@@ -26,6 +29,7 @@ them). Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -59,6 +63,23 @@ def rate(model: NativeModel, rows: np.ndarray, seconds: float) -> float:
     return done / (time.perf_counter() - start)
 
 
+def resident_mib() -> float | None:
+    """This process's resident memory in MiB (Linux's /proc/self/statm), or None elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def load(model_dir: str, precision: str) -> tuple[NativeModel, float | None]:
+    """The evaluator of `model_dir` on one thread without a history cache, and the MiB its loading added."""
+    before = resident_mib()
+    model = NativeModel(model_dir, 0, 1, precision)
+    after = resident_mib()
+    return model, None if before is None or after is None else after - before
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -69,8 +90,10 @@ def main() -> None:
     ap.add_argument("--json", help="also write the report here")
     args = ap.parse_args()
     rows = rows_of(args.model, args.text, args.sentences)
-    models = {p: NativeModel(args.model, 0, 1, p) for p in ("fp32", "int8")}
-    report: dict = {"model": args.model, "ngrams": len(rows), "kernels": models["int8"].kernels}
+    loaded = {p: load(args.model, p) for p in ("fp32", "int8")}
+    models = {p: m for p, (m, _) in loaded.items()}
+    report: dict = {"model": args.model, "ngrams": len(rows), "kernels": models["int8"].kernels,
+                    "resident_mib": {p: mib for p, (_, mib) in loaded.items()}}
     sn = {p: m.score(rows, normalized=False) for p, m in models.items()}
     exact = {p: m.score(rows, normalized=True) for p, m in models.items()}
     d = np.abs(sn["int8"] - sn["fp32"]).astype(np.float64)

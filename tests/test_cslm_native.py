@@ -232,6 +232,7 @@ def test_the_precision_benchmark_compares_int8_with_fp32(model_dir, tmp_path):  
     assert report["kernels"] == native.kernels()
     assert abs(report["ppl_ratio_int8_over_fp32"] - 1) < 0.01
     assert report["ngrams_per_s"]["fp32"] > 0 and report["ngrams_per_s"]["int8"] > 0
+    assert set(report["resident_mib"]) == {"fp32", "int8"}
 
 
 @built

@@ -386,9 +386,10 @@ def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, co
 
 
 def test_the_cpp_evaluators_int8_joint_model_follows_its_equations(local_exe, corpus, joint_model, tmp_path):
-    """--precision int8 on a joint model: both first-layer tables, T_p and S_q, in bfloat16, the layers after
-    it in 8 bits (cslm_local.h, "Precision"), with every kernel. The embeddings and the first layer's weights
-    are put on a grid, so that the tables are exact in float32 before their rounding."""
+    """--precision int8 on a joint model (Moses's NNJM takes it too): h_1 from the target and source tables
+    T_p and S_q, the layers after it in 8 bits (cslm_local.h, "Precision"), with every kernel, as the
+    equations computed in float64. The embeddings and the first layer's weights are put on a grid, so
+    that the tables are exact in float32 whatever the kernel that builds them."""
     from safetensors.torch import save_file
     from test_cslm_local import int8_scores
 
@@ -408,7 +409,7 @@ def test_the_cpp_evaluators_int8_joint_model_follows_its_equations(local_exe, co
                            capture_output=True, text=True, timeout=60, env={**os.environ, "CSLM_KERNELS": cap})
         assert r.returncode == 0, r.stderr
         got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
-        assert np.max(np.abs(got[:, 0] - want_exact)) < 1e-5 and np.max(np.abs(got[:, 1] - want_sn)) < 1e-5, cap
+        assert np.max(np.abs(got[:, 0] - want_exact)) < 5e-5 and np.max(np.abs(got[:, 1] - want_sn)) < 5e-5, cap
         assert 0 < np.max(np.abs(got[:, 1] - fp32)) < 0.2, cap
 
 
