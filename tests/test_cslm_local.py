@@ -59,7 +59,7 @@ def random_model(loaded, hidden: tuple[int, ...], seed: int, scale: float, path:
     """A model of `loaded`'s vocabulary and order with rectified layers `hidden` and weights uniform in
     +-scale, saved in `path` (not self-normalised); returns its config. With a `grid`, the embeddings and
     the first layer's weights are multiples of it, so that the first layer's premultiplied tables are exact
-    in float32 whatever the kernel that sums them."""
+    in float32 whatever the kernel that builds them."""
     from cslm.model import CSLM, CSLMConfig
 
     cfg = CSLMConfig(**{**loaded.config.to_dict(), "hidden": hidden})
