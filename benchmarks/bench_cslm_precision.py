@@ -7,7 +7,8 @@ For a self-normalised model directory (`cslm train --self-norm`), the n-grams of
 the first --sentences sentences of TEXT (test.tok.fr of ../shared/data by
 default: every word and </s>, in text order) scored by the evaluator of Moses's
 in-process mode and `cslm serve` (cslm/native.py) with `precision=fp32` and
-`precision=int8` (cslm/cpp/cslm_local.h, "Precision"):
+`precision=int8` (cslm/cpp/cslm_local.h, "Precision": the first layer's tables
+in bfloat16, the layers after it in 8 bits):
 
 * accuracy: |int8 - fp32| of the self-normalised scores o_w (mean, median, 99th
   percentile, largest), and the perplexity of the exact scores o_w - ln Z
@@ -17,8 +18,8 @@ in-process mode and `cslm serve` (cslm/native.py) with `precision=fp32` and
   share them, as in a decoder's requests); the two precisions take turns of
   --seconds, medians of --repeats;
 * memory: how much each model's loading grew the process's resident memory
-  (`resident_mib`, Linux): the premultiplied first-layer tables, float32 in
-  both, for the most part, and the layers after the first, a quarter the size in int8.
+  (`resident_mib`, Linux): the premultiplied first-layer tables for the most
+  part, in bfloat16 with int8 (half float32's size).
 
 Target: int8's perplexity within 0.1% of float32's (`ppl_ratio_int8_over_fp32`),
 and int8 faster on a CPU with AVX-512 VNNI or AMX (`speedup_int8_over_fp32` > 1).

@@ -358,7 +358,8 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
                    "[16384 native, 0 torch].")
 @click.option("--precision", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
               help="The C++ evaluator's layers after the first: int8 stores their weights in 8 bits and rounds "
-                   "their inputs to 8 bits per history (faster with AVX-512 VNNI or AMX; scores move by a few "
+                   "their inputs to 8 bits per history, and keeps the first layer's premultiplied tables in "
+                   "bfloat16, half their memory (faster with AVX-512 VNNI or AMX; scores move by a few "
                    "thousandths of a nat, docs/moses-feature.md). Needs --self-normalized on a CPU.")
 @click.option("--max-frame", type=click.IntRange(min=1), default=16 << 20, show_default=True,
               help="Largest request payload accepted (bytes).")

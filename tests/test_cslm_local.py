@@ -124,6 +124,13 @@ def test_narrower_kernels_score_the_same(local_exe, model_dir):
     assert r.stderr.strip() == "CSLM_KERNELS=sse9: not amx, avx512, avx2 or baseline (unset it for the CPU's widest)"
 
 
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as float64."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
     """(exact, self-normalised) scores of `grams` by cslm_local.h's int8 equations (`int8_scores`)."""
     m = modeldir.load(str(loaded_dir))
@@ -137,7 +144,7 @@ def int8_reference(loaded_dir: Path, grams: list[list[str]]) -> tuple[np.ndarray
 def int8_scores(m, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(exact, self-normalised) scores of a loaded model's id rows (the history, a joint model's source window,
     the predicted word) by cslm_local.h's int8 equations, in float64 with numpy: the first layer's tables
-    T_p[w] = W_1[:, p] . embed[w] (and S_q[s] with src_embed) as float32 keeps them, then W_k ~ s_j q_j
+    T_p[w] = W_1[:, p] . embed[w] (and S_q[s] with src_embed) rounded to bfloat16, then W_k ~ s_j q_j
     (q = round(W / s_j), s_j = max |W_j| / 127), each layer's input rounded to r = round(h / s_h),
     s_h = max h / 255, h_k = relu(b_k + s_h s_j sum_i r_i q_j[i]) for every rectified layer after the first."""
     sd = {k: v.double().numpy() for k, v in m.model.state_dict().items()}
@@ -145,7 +152,7 @@ def int8_scores(m, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     h = sd["hidden.0.bias"]
     for p in range(rows.shape[1] - 1):  # target positions, then source ones
         emb = sd["embed.weight"] if p < m.config.order - 1 else sd["src_embed.weight"]
-        table = emb @ sd["hidden.0.weight"][:, p * e : (p + 1) * e].T
+        table = bf16(emb @ sd["hidden.0.weight"][:, p * e : (p + 1) * e].T)
         h = h + table[rows[:, p]]
     h = np.maximum(h, 0)
     k = 1
@@ -164,12 +171,12 @@ def int8_scores(m, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_int8_layers_follow_their_equations_with_every_kernel(local_exe, model_dir, tmp_path):
-    """--precision int8: the layers after the first in 8 bits (cslm_local.h, "Precision"), their outputs 300,
-    270 and 30 padded to whole vectors and their inputs to 64. Every kernel (AMX and AVX-512 VNNI where the
-    CPU has them) gives the scores of the equations computed in float64; the integer sums are exact, so the
-    kernels differ only by the float rounding of the last steps. The scores stay near float32's, not equal.
-    The first layer's weights lie on a grid, so that its tables are exact in float32 whatever the kernel
-    that builds them, and the bound is tight."""
+    """--precision int8: the first layer's tables in bfloat16 and the layers after it in 8 bits (cslm_local.h,
+    "Precision"), their outputs 300, 270 and 30 padded to whole vectors and their inputs to 64. Every kernel
+    (AMX and AVX-512 VNNI where the CPU has them) gives the scores of the equations computed in float64; the
+    integer sums are exact, so the kernels differ only by the float rounding of the last steps. The scores
+    stay near float32's, not equal. The first layer's weights lie on a grid, so that its tables are exact in
+    float32 before their rounding, whatever the kernel that builds them, and the bound is tight."""
     out, loaded, corpus = model_dir
     random_model(loaded, (300, 270, 30), 4, 0.1, tmp_path / "wide", grid=2.0**-7)
     grams = ngrams_of(corpus, loaded.config.order, 100)

@@ -387,9 +387,10 @@ def test_the_cpp_evaluator_agrees_with_the_engine_on_a_joint_model(local_exe, co
 
 def test_the_cpp_evaluators_int8_joint_model_follows_its_equations(local_exe, corpus, joint_model, tmp_path):
     """--precision int8 on a joint model (Moses's NNJM takes it too): h_1 from the target and source tables
-    T_p and S_q, the layers after it in 8 bits (cslm_local.h, "Precision"), with every kernel, as the
-    equations computed in float64. The embeddings and the first layer's weights are put on a grid, so
-    that the tables are exact in float32 whatever the kernel that builds them."""
+    T_p and S_q, both in bfloat16, the layers after it in 8 bits (cslm_local.h, "Precision"), with every
+    kernel, as the equations computed in float64. The embeddings and the first layer's weights are put on a
+    grid, so that the tables are exact in float32 before their rounding, whatever the kernel that builds
+    them."""
     from safetensors.torch import save_file
     from test_cslm_local import int8_scores
 

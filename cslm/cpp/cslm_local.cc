@@ -212,6 +212,65 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
     y[i] = acc > 0.0f ? acc : 0.0f;                                       \
   }
 
+// A bfloat16 (the top 16 bits of a float32) widened to float32: exact.
+inline float Bf16ToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// A float32 rounded to the nearest bfloat16, ties to even (a NaN stays a NaN).
+inline uint16_t FloatToBf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// A vector V of bfloat16s at p widened exactly to float32 (each moved to the top 16 bits of its lane): the
+// compiler's widening of a vector extension for the baseline (SSE2); one vpmovzxwd for AVX2 and AVX-512, which
+// GCC's generic code splits into halves (AVX-512's intrinsics masked, all lanes on: the unmasked ones
+// trip GCC 12's -Wmaybe-uninitialized).
+inline Vec4 WidenBase(const uint16_t* p) {
+  typedef uint16_t Bf4 __attribute__((vector_size(8), aligned(2), may_alias));
+  typedef uint32_t U4 __attribute__((vector_size(16)));
+  return (Vec4)(__builtin_convertvector(*reinterpret_cast<const Bf4*>(p), U4) << 16);
+}
+#define CSLM_WIDEN_BASE(V, p) WidenBase(p)
+#define CSLM_WIDEN_AVX2(V, p)                                             \
+  ((V)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16))
+#define CSLM_WIDEN_AVX512(V, p)                                           \
+  ((V)_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(        \
+       0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))
+
+// y[0..n) = relu(init + x_0 + ... + x_{k-1} (+ extra, where not null)), the rows x_r in bfloat16 (kInt8's
+// first-layer tables), each widened exactly to float32 and summed in that order: CSLM_SUM_RELU_BODY's
+// sums of the rounded rows, the same in every kernel.
+#define CSLM_SUM_RELU_BF16_BODY(V, VU, W, WIDEN)                               \
+  const V zero = V{};                                                     \
+  size_t i = 0;                                                           \
+  for (; i + (W) <= n; i += (W)) {                                        \
+    V acc = *reinterpret_cast<const VU*>(init + i);                       \
+    for (size_t r = 0; r < k; ++r)                                        \
+      acc += WIDEN(V, x[r] + i);                                          \
+    if (extra) acc += *reinterpret_cast<const VU*>(extra + i);            \
+    *reinterpret_cast<VU*>(y + i) = acc > zero ? acc : zero;              \
+  }                                                                       \
+  for (; i < n; ++i) {                                                    \
+    float acc = init[i];                                                  \
+    for (size_t r = 0; r < k; ++r) acc += Bf16ToFloat(x[r][i]);           \
+    if (extra) acc += extra[i];                                           \
+    y[i] = acc > 0.0f ? acc : 0.0f;                                       \
+  }
+
+// y[0..n) += x[0..n), x in bfloat16 (a joint model's source table with kInt8)
+#define CSLM_ADD_BF16_BODY(V, VU, W, WIDEN)                                \
+  size_t i = 0;                                                           \
+  for (; i + (W) <= n; i += (W))                                          \
+    *reinterpret_cast<VU*>(y + i) += WIDEN(V, x + i);                     \
+  for (; i < n; ++i) y[i] += Bf16ToFloat(x[i]);
+
 // y[0..n) = max(y, 0), without a branch per element (a rectified unit is
 // positive about half the time: a branch would be mispredicted as often)
 #define CSLM_RELU_BODY(V, VU, W)                                          \
@@ -293,7 +352,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
     y[j] = v > 0.0f ? v : 0.0f;                                           \
   }
 
-#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W, NB)                                                          \
+#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W, NB, WIDEN)                                                        \
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
                                const float* __restrict val, size_t nnz, const float* __restrict bias,    \
@@ -301,6 +360,12 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
   ATTR void Add##SUFFIX(size_t n, const float* __restrict x, float* __restrict y) { CSLM_ADD_BODY }     \
   ATTR void SumRelu##SUFFIX(size_t n, const float* const* __restrict x, size_t k,                        \
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
+  ATTR void SumReluBf16##SUFFIX(size_t n, const uint16_t* const* __restrict x, size_t k,                \
+                                const float* __restrict extra, const float* __restrict init,             \
+                                float* __restrict y) { CSLM_SUM_RELU_BF16_BODY(V, VU, W, WIDEN) }                \
+  ATTR void AddBf16##SUFFIX(size_t n, const uint16_t* __restrict x, float* __restrict y) {               \
+    CSLM_ADD_BF16_BODY(V, VU, W, WIDEN)                                                                       \
+  }                                                                                                      \
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }                   \
   ATTR float Quantize##SUFFIX(size_t n, size_t npad, const float* __restrict x, uint8_t* __restrict r) {   \
     CSLM_QUANTIZE_BODY(V, VU, W)                                                                         \
@@ -309,7 +374,7 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
                                 const float* __restrict scale, const float* __restrict bias,             \
                                 float* __restrict y) { CSLM_DEQUANT_RELU_BODY(V, VU, W) }
 
-CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
+CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8, CSLM_WIDEN_BASE)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
 void GemvI8Base(const int8_t* __restrict q, size_t groups, size_t out16, const uint8_t* __restrict r,
                 int32_t* __restrict acc) {
   CSLM_GEMV_I8_BODY
@@ -342,8 +407,8 @@ size_t PackBase(size_t n, const float* __restrict a, uint32_t* __restrict idx, f
   return PackRange(0, n, a, idx, val);
 }
 #if CSLM_DISPATCH
-CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8)
-CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16)
+CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8, CSLM_WIDEN_AVX2)
+CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16, CSLM_WIDEN_AVX512)
 
 // PackBase sixteen at a time with AVX-512's compress (the scalar loop
 // stores every element and moves its index by a data-dependent count): the
@@ -586,6 +651,8 @@ struct Kernels {
   void (*gemv)(const float*, size_t, const uint32_t*, const float*, size_t, const float*, float*);
   void (*add)(size_t, const float*, float*);
   void (*sum_relu)(size_t, const float* const*, size_t, const float*, float*);
+  void (*sum_relu_bf16)(size_t, const uint16_t* const*, size_t, const float*, const float*, float*);
+  void (*add_bf16)(size_t, const uint16_t*, float*);
   void (*relu)(size_t, float*);
   size_t (*pack)(size_t, const float*, uint32_t*, float*);
   float (*quantize)(size_t, size_t, const float*, uint8_t*);
@@ -608,8 +675,8 @@ Kernels PickKernels() {
   __builtin_cpu_init();
   if ((want.empty() || want == "amx" || want == "avx512") && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512vl")) {
-    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, ReluAvx512, PackAvx512,
-                 QuantizeAvx512, GemvI8Each<GemvI8Madd>, DequantReluAvx512, "avx512"};
+    Kernels k = {DotAvx512, SparseGemvAvx512, AddAvx512, SumReluAvx512, SumReluBf16Avx512, AddBf16Avx512,
+                 ReluAvx512, PackAvx512, QuantizeAvx512, GemvI8Each<GemvI8Madd>, DequantReluAvx512, "avx512"};
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw")) {
       k.gemv_i8_batch = GemvI8VnniBatch;
 #if CSLM_AMX_DISPATCH
@@ -622,13 +689,13 @@ Kernels PickKernels() {
     return k;
   }
   if (want != "baseline" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, ReluAvx2, PackBase,
-                 QuantizeAvx2, GemvI8Each<GemvI8Madd>, DequantReluAvx2, "avx2"};
+    Kernels k = {DotAvx2, SparseGemvAvx2, AddAvx2, SumReluAvx2, SumReluBf16Avx2, AddBf16Avx2,
+                 ReluAvx2, PackBase, QuantizeAvx2, GemvI8Each<GemvI8Madd>, DequantReluAvx2, "avx2"};
     return k;
   }
 #endif
-  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, ReluBase, PackBase,
-               QuantizeBase, GemvI8Each<GemvI8Base>, DequantReluBase, "baseline"};
+  Kernels k = {DotBase, SparseGemvBase, AddBase, SumReluBase, SumReluBf16Base, AddBf16Base,
+               ReluBase, PackBase, QuantizeBase, GemvI8Each<GemvI8Base>, DequantReluBase, "baseline"};
   return k;
 }
 
@@ -741,8 +808,16 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
   // T_p[w] = W_1[:, p*E:(p+1)*E] . embed[w]: the first layer's share of history
   // position p, for every word (cslm/model.py `first_layer_tables`); a joint
   // model's source positions q = C .. C+M-1 likewise with src_embed, into S.
-  table_.assign(C * V * h1_, 0.0f);
-  src_table_.assign(M * Vs * h1_, 0.0f);
+  // With kInt8 they are kept in bfloat16 (cslm_local.h, "Precision"): each row computed in float32, then rounded.
+  const bool bf16 = precision_ == kInt8;
+  if (bf16) {
+    table16_.resize(C * V * h1_);
+    src_table16_.resize(M * Vs * h1_);
+  } else {
+    table_.resize(C * V * h1_);
+    src_table_.resize(M * Vs * h1_);
+  }
+  Floats row(h1_);
   const size_t width = (C + M) * embed_;
   std::vector<float> w1t(embed_ * h1_);  // W_1's block of position p, transposed: [e][j]
   std::vector<uint32_t> all(embed_);
@@ -752,11 +827,16 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     for (size_t j = 0; j < h1_; ++j)
       for (size_t e = 0; e < embed_; ++e) w1t[e * h1_ + j] = w1[j * width + p * embed_ + e];
     const bool source = p >= C;
-    const size_t rows = source ? Vs : V;
+    const size_t rows = source ? Vs : V, first = (source ? (p - C) * Vs : p * V) * h1_;
     const float* emb = source ? &src_embed[0] : &embed[0];
-    float* out = source ? &src_table_[(p - C) * Vs * h1_] : &table_[p * V * h1_];
-    for (size_t w = 0; w < rows; ++w)
-      K().gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], out + w * h1_);
+    for (size_t w = 0; w < rows; ++w) {
+      K().gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], &row[0]);
+      const size_t at = first + w * h1_;
+      if (bf16)
+        std::transform(row.begin(), row.end(), (source ? src_table16_ : table16_).begin() + at, FloatToBf16);
+      else
+        std::copy(row.begin(), row.end(), (source ? src_table_ : table_).begin() + at);
+    }
   }
 
   size_t in = h1_;
@@ -805,10 +885,17 @@ const char* LocalModel::Kernels() { return K().name; }
 
 void LocalModel::FirstLayer(const uint32_t* history, float* a, Scratch* scratch) const {
   const size_t V = words_.size(), C = order_ - 1;
+  const float* source = window_ ? SourceSum(history + C, scratch) : nullptr;
+  if (precision_ == kInt8) {  // the tables in bfloat16
+    const uint16_t* rows[64];  // order <= 64 (checked at load)
+    for (size_t p = 0; p < C; ++p) rows[p] = &table16_[(p * V + history[p]) * h1_];
+    K().sum_relu_bf16(h1_, rows, C, source, &b1_[0], a);
+    return;
+  }
   const float* rows[65];  // order <= 64 (checked at load): the history's rows and the source window's sum
   for (size_t p = 0; p < C; ++p) rows[p] = &table_[(p * V + history[p]) * h1_];
   size_t k = C;
-  if (window_) rows[k++] = SourceSum(history + C, scratch);
+  if (source) rows[k++] = source;
   K().sum_relu(h1_, rows, k, &b1_[0], a);  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
 }
 
@@ -882,7 +969,12 @@ const float* LocalModel::SourceSum(const uint32_t* window, Scratch* s) const {
   if (std::equal(window, window + window_, key)) return sum;
   const size_t Vs = src_words_.size();
   std::fill(sum, sum + h1_, 0.0f);
-  for (size_t q = 0; q < window_; ++q) K().add(h1_, &src_table_[(q * Vs + window[q]) * h1_], sum);
+  for (size_t q = 0; q < window_; ++q) {
+    if (precision_ == kInt8)
+      K().add_bf16(h1_, &src_table16_[(q * Vs + window[q]) * h1_], sum);
+    else
+      K().add(h1_, &src_table_[(q * Vs + window[q]) * h1_], sum);
+  }
   std::copy(window, window + window_, key);
   return sum;
 }

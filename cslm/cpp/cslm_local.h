@@ -57,8 +57,14 @@
 //     that with AMX or VNNI each layer's weights are read once for several;
 //     the sums being exact, each history's layers are those it has alone.
 //     Its speed against kFloat32's: docs/moses-feature.md.
-//     The first layer, the output layer and ln Z stay float32. The scores
-//     move by a few thousandths of a nat on average
+//     The first layer's premultiplied tables T_p (and a joint model's S_q)
+//     are kept in bfloat16, each entry the float32 product rounded to the
+//     nearest (ties to even): half their memory and half the bytes a
+//     history reads (the paper's 1,536-unit rows: 1.2 times the n-grams/s;
+//     `small`'s 512: 0.97 times, the widening costing more than the bytes
+//     saved). Their sum, its bias and ReLU are float32, and its output is
+//     rounded to 8 bits next anyway. The output layer and ln Z stay
+//     float32. The scores move by a few thousandths of a nat on average
 //     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
 //
 // A LocalModel is read-only after construction: threads share one, each with
@@ -110,6 +116,7 @@ bool operator!=(const CacheLineAllocator<T>&, const CacheLineAllocator<U>&) { re
 typedef std::vector<float, CacheLineAllocator<float> > Floats;
 typedef std::vector<int8_t, CacheLineAllocator<int8_t> > Int8s;
 typedef std::vector<uint8_t, CacheLineAllocator<uint8_t> > Uint8s;
+typedef std::vector<uint16_t, CacheLineAllocator<uint16_t> > Bf16s;  // bfloat16s: a float32's top 16 bits
 typedef std::vector<int32_t, CacheLineAllocator<int32_t> > Int32s;
 
 // How the rectified layers after the first are stored and computed (above).
@@ -204,7 +211,11 @@ class LocalModel {
   // noise-contrastive estimation (meta.train_config.objective "nce").
   bool self_normalized() const { return self_norm_ > 0 || nce_; }
   double self_norm_alpha() const { return self_norm_; }
-  size_t table_bytes() const { return (table_.size() + src_table_.size()) * sizeof(float); }
+  // The first layer's premultiplied tables' memory (float32, or bfloat16 with kInt8).
+  size_t table_bytes() const {
+    return (table_.size() + src_table_.size()) * sizeof(float) +
+           (table16_.size() + src_table16_.size()) * sizeof(uint16_t);
+  }
   // The vector instructions the kernels use here: "amx" (AVX-512, with kInt8's products in AMX tiles),
   // "avx512", "avx2" or "baseline" (the CPU's widest, at most what the environment's CSLM_KERNELS names).
   // Throws std::invalid_argument on another CSLM_KERNELS value.
@@ -262,10 +273,12 @@ class LocalModel {
   bool nce_;
   std::vector<std::string> words_;
   uint32_t bos_, eos_, unk_;
-  Floats table_;  // T[p][w][j], (order-1) x V x H_1
+  Floats table_;  // T[p][w][j], (order-1) x V x H_1 (kFloat32)
+  Bf16s table16_;  // the same in bfloat16 (kInt8)
   std::vector<std::string> src_words_;
   uint32_t src_bos_, src_eos_, src_unk_;
-  Floats src_table_;  // S[q][s][j], source_window x V_src x H_1
+  Floats src_table_;  // S[q][s][j], source_window x V_src x H_1 (kFloat32)
+  Bf16s src_table16_;  // the same in bfloat16 (kInt8)
   Floats b1_;
   std::vector<Layer> layers_;  // the rectified layers after the first
   Floats out_w_;   // V x H_last, row per word
