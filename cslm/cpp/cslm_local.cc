@@ -212,14 +212,6 @@ typedef float Vec4u __attribute__((vector_size(16), aligned(4), may_alias));
     y[i] = acc > 0.0f ? acc : 0.0f;                                       \
   }
 
-// A bfloat16 (the top 16 bits of a float32) widened to float32: exact.
-inline float Bf16ToFloat(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 // A float32 rounded to the nearest bfloat16, ties to even (a NaN stays a NaN).
 inline uint16_t FloatToBf16(float f) {
   uint32_t u;
@@ -228,48 +220,45 @@ inline uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// A vector V of bfloat16s at p widened exactly to float32 (each moved to the top 16 bits of its lane): the
-// compiler's widening of a vector extension for the baseline (SSE2); one vpmovzxwd for AVX2 and AVX-512, which
-// GCC's generic code splits into halves (AVX-512's intrinsics masked, all lanes on: the unmasked ones
-// trip GCC 12's -Wmaybe-uninitialized).
-inline Vec4 WidenBase(const uint16_t* p) {
-  typedef uint16_t Bf4 __attribute__((vector_size(8), aligned(2), may_alias));
-  typedef uint32_t U4 __attribute__((vector_size(16)));
-  return (Vec4)(__builtin_convertvector(*reinterpret_cast<const Bf4*>(p), U4) << 16);
-}
-#define CSLM_WIDEN_BASE(V, p) WidenBase(p)
-#define CSLM_WIDEN_AVX2(V, p)                                             \
-  ((V)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16))
-#define CSLM_WIDEN_AVX512(V, p)                                           \
-  ((V)_mm512_maskz_slli_epi32(0xffff, _mm512_maskz_cvtepu16_epi32(        \
-       0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16))
+// kInt8's first-layer tables in bfloat16, in blocks of 32 units, paired: in a row, the 16-bit entries 2i
+// and 2i+1 of a block starting at unit j hold units j+i and j+16+i (i < 16). A 32-bit lane of such a row then
+// holds two units, and each widens to float32 exactly with one operation: shifted up (the first) or masked
+// (the second). Every kernel reads a block as whole vectors of such lanes (one for AVX-512, two for AVX2,
+// four for the baseline).
+inline size_t PairedIndex(size_t unit) { return unit / 32 * 32 + (unit % 32 < 16 ? 2 * (unit % 32) : 2 * (unit % 32 - 16) + 1); }
 
-// y[0..n) = relu(init + x_0 + ... + x_{k-1} (+ extra, where not null)), the rows x_r in bfloat16 (kInt8's
-// first-layer tables), each widened exactly to float32 and summed in that order: CSLM_SUM_RELU_BODY's
-// sums of the rounded rows, the same in every kernel.
-#define CSLM_SUM_RELU_BF16_BODY(V, VU, W, WIDEN)                               \
+// y[0..n) = relu(init + x_0 + ... + x_{k-1} (+ extra, where not null)), n a multiple of 32, the rows x_r
+// paired bfloat16 (above), each unit widened exactly to float32 and summed in that order: the same sums
+// in every kernel.
+#define CSLM_SUM_RELU_BF16_BODY(V, VU, W)                                 \
+  typedef uint32_t VP __attribute__((vector_size((W) * 4), aligned(2), may_alias)); \
   const V zero = V{};                                                     \
-  size_t i = 0;                                                           \
-  for (; i + (W) <= n; i += (W)) {                                        \
-    V acc = *reinterpret_cast<const VU*>(init + i);                       \
-    for (size_t r = 0; r < k; ++r)                                        \
-      acc += WIDEN(V, x[r] + i);                                          \
-    if (extra) acc += *reinterpret_cast<const VU*>(extra + i);            \
-    *reinterpret_cast<VU*>(y + i) = acc > zero ? acc : zero;              \
-  }                                                                       \
-  for (; i < n; ++i) {                                                    \
-    float acc = init[i];                                                  \
-    for (size_t r = 0; r < k; ++r) acc += Bf16ToFloat(x[r][i]);           \
-    if (extra) acc += extra[i];                                           \
-    y[i] = acc > 0.0f ? acc : 0.0f;                                       \
-  }
+  for (size_t j = 0; j < n; j += 32)                                      \
+    for (size_t s = 0; s < 16; s += (W)) {                                \
+      V lo = *reinterpret_cast<const VU*>(init + j + s);                  \
+      V hi = *reinterpret_cast<const VU*>(init + j + 16 + s);             \
+      for (size_t r = 0; r < k; ++r) {                                    \
+        const VP pair = *reinterpret_cast<const VP*>(x[r] + j + 2 * s);   \
+        lo += (V)(pair << 16);                                            \
+        hi += (V)(pair & 0xffff0000u);                                    \
+      }                                                                   \
+      if (extra) {                                                        \
+        lo += *reinterpret_cast<const VU*>(extra + j + s);                \
+        hi += *reinterpret_cast<const VU*>(extra + j + 16 + s);           \
+      }                                                                   \
+      *reinterpret_cast<VU*>(y + j + s) = lo > zero ? lo : zero;          \
+      *reinterpret_cast<VU*>(y + j + 16 + s) = hi > zero ? hi : zero;     \
+    }
 
-// y[0..n) += x[0..n), x in bfloat16 (a joint model's source table with kInt8)
-#define CSLM_ADD_BF16_BODY(V, VU, W, WIDEN)                                \
-  size_t i = 0;                                                           \
-  for (; i + (W) <= n; i += (W))                                          \
-    *reinterpret_cast<VU*>(y + i) += WIDEN(V, x + i);                     \
-  for (; i < n; ++i) y[i] += Bf16ToFloat(x[i]);
+// y[0..n) += x[0..n), n a multiple of 32, x a paired bfloat16 row (a joint model's source table with kInt8)
+#define CSLM_ADD_BF16_BODY(V, VU, W)                                      \
+  typedef uint32_t VP __attribute__((vector_size((W) * 4), aligned(2), may_alias)); \
+  for (size_t j = 0; j < n; j += 32)                                      \
+    for (size_t s = 0; s < 16; s += (W)) {                                \
+      const VP pair = *reinterpret_cast<const VP*>(x + j + 2 * s);        \
+      *reinterpret_cast<VU*>(y + j + s) += (V)(pair << 16);               \
+      *reinterpret_cast<VU*>(y + j + 16 + s) += (V)(pair & 0xffff0000u);  \
+    }
 
 // y[0..n) = max(y, 0), without a branch per element (a rectified unit is
 // positive about half the time: a branch would be mispredicted as often)
@@ -352,7 +341,7 @@ inline Vec4 WidenBase(const uint16_t* p) {
     y[j] = v > 0.0f ? v : 0.0f;                                           \
   }
 
-#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W, NB, WIDEN)                                                        \
+#define CSLM_KERNELS(SUFFIX, ATTR, V, VU, W, NB)                                                        \
   ATTR float Dot##SUFFIX(size_t n, const float* __restrict x, const float* __restrict y) { CSLM_DOT_BODY } \
   ATTR void SparseGemv##SUFFIX(const float* __restrict wt, size_t out, const uint32_t* __restrict idx,   \
                                const float* __restrict val, size_t nnz, const float* __restrict bias,    \
@@ -362,9 +351,9 @@ inline Vec4 WidenBase(const uint16_t* p) {
                             const float* __restrict init, float* __restrict y) { CSLM_SUM_RELU_BODY(V, VU, W) } \
   ATTR void SumReluBf16##SUFFIX(size_t n, const uint16_t* const* __restrict x, size_t k,                \
                                 const float* __restrict extra, const float* __restrict init,             \
-                                float* __restrict y) { CSLM_SUM_RELU_BF16_BODY(V, VU, W, WIDEN) }                \
+                                float* __restrict y) { CSLM_SUM_RELU_BF16_BODY(V, VU, W) }                \
   ATTR void AddBf16##SUFFIX(size_t n, const uint16_t* __restrict x, float* __restrict y) {               \
-    CSLM_ADD_BF16_BODY(V, VU, W, WIDEN)                                                                       \
+    CSLM_ADD_BF16_BODY(V, VU, W)                                                                       \
   }                                                                                                      \
   ATTR void Relu##SUFFIX(size_t n, float* __restrict y) { CSLM_RELU_BODY(V, VU, W) }                   \
   ATTR float Quantize##SUFFIX(size_t n, size_t npad, const float* __restrict x, uint8_t* __restrict r) {   \
@@ -374,7 +363,7 @@ inline Vec4 WidenBase(const uint16_t* p) {
                                 const float* __restrict scale, const float* __restrict bias,             \
                                 float* __restrict y) { CSLM_DEQUANT_RELU_BODY(V, VU, W) }
 
-CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8, CSLM_WIDEN_BASE)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
+CSLM_KERNELS(Base, , Vec4, Vec4u, 4, 8)  // NB: accumulators that fit the registers (16 xmm, 16 ymm, 32 zmm)
 void GemvI8Base(const int8_t* __restrict q, size_t groups, size_t out16, const uint8_t* __restrict r,
                 int32_t* __restrict acc) {
   CSLM_GEMV_I8_BODY
@@ -407,8 +396,8 @@ size_t PackBase(size_t n, const float* __restrict a, uint32_t* __restrict idx, f
   return PackRange(0, n, a, idx, val);
 }
 #if CSLM_DISPATCH
-CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8, CSLM_WIDEN_AVX2)
-CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16, CSLM_WIDEN_AVX512)
+CSLM_KERNELS(Avx2, CSLM_AVX2, Vec8, Vec8u, 8, 8)
+CSLM_KERNELS(Avx512, CSLM_AVX512, Vec16, Vec16u, 16, 16)
 
 // PackBase sixteen at a time with AVX-512's compress (the scalar loop
 // stores every element and moves its index by a data-dependent count): the
@@ -810,9 +799,12 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
   // model's source positions q = C .. C+M-1 likewise with src_embed, into S.
   // With kInt8 they are kept in bfloat16 (cslm_local.h, "Precision"): each row computed in float32, then rounded.
   const bool bf16 = precision_ == kInt8;
-  if (bf16) {
-    table16_.resize(C * V * h1_);
-    src_table16_.resize(M * Vs * h1_);
+  h1p_ = (h1_ + 31) / 32 * 32;
+  if (bf16) {  // rows of h1p_ entries, paired (PairedIndex), the padding zero
+    table16_.resize(C * V * h1p_);
+    src_table16_.resize(M * Vs * h1p_);
+    b1p_ = b1_;
+    b1p_.resize(h1p_, 0.0f);
   } else {
     table_.resize(C * V * h1_);
     src_table_.resize(M * Vs * h1_);
@@ -831,11 +823,12 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     const float* emb = source ? &src_embed[0] : &embed[0];
     for (size_t w = 0; w < rows; ++w) {
       K().gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], &row[0]);
-      const size_t at = first + w * h1_;
-      if (bf16)
-        std::transform(row.begin(), row.end(), (source ? src_table16_ : table16_).begin() + at, FloatToBf16);
-      else
-        std::copy(row.begin(), row.end(), (source ? src_table_ : table_).begin() + at);
+      if (bf16) {
+        uint16_t* out = &(source ? src_table16_ : table16_)[(first / h1_ + w) * h1p_];
+        for (size_t j = 0; j < h1_; ++j) out[PairedIndex(j)] = FloatToBf16(row[j]);
+      } else {
+        std::copy(row.begin(), row.end(), (source ? src_table_ : table_).begin() + first + w * h1_);
+      }
     }
   }
 
@@ -888,8 +881,8 @@ void LocalModel::FirstLayer(const uint32_t* history, float* a, Scratch* scratch)
   const float* source = window_ ? SourceSum(history + C, scratch) : nullptr;
   if (precision_ == kInt8) {  // the tables in bfloat16
     const uint16_t* rows[64];  // order <= 64 (checked at load)
-    for (size_t p = 0; p < C; ++p) rows[p] = &table16_[(p * V + history[p]) * h1_];
-    K().sum_relu_bf16(h1_, rows, C, source, &b1_[0], a);
+    for (size_t p = 0; p < C; ++p) rows[p] = &table16_[(p * V + history[p]) * h1p_];
+    K().sum_relu_bf16(h1p_, rows, C, source, &b1p_[0], a);  // a: h1p_ floats, the padding's zero
     return;
   }
   const float* rows[65];  // order <= 64 (checked at load): the history's rows and the source window's sum
@@ -959,19 +952,19 @@ const float* LocalModel::SourceSum(const uint32_t* window, Scratch* s) const {
   // do not depend on what the cache held
   if (s->src_keys.size() != kSourceSlots * window_) {
     s->src_keys.assign(kSourceSlots * window_, 0xffffffffu);  // no word has this id: every slot empty
-    s->src_values.resize(kSourceSlots * h1_);
+    s->src_values.resize(kSourceSlots * h1p_);
   }
   uint64_t hash = 1469598103934665603ull;  // FNV-1a over the ids
   for (size_t q = 0; q < window_; ++q) hash = (hash ^ window[q]) * 1099511628211ull;
   const size_t slot = static_cast<size_t>((hash ^ (hash >> 29)) % kSourceSlots);
   uint32_t* key = &s->src_keys[slot * window_];
-  float* sum = &s->src_values[slot * h1_];
+  float* sum = &s->src_values[slot * h1p_];
   if (std::equal(window, window + window_, key)) return sum;
   const size_t Vs = src_words_.size();
-  std::fill(sum, sum + h1_, 0.0f);
+  std::fill(sum, sum + h1p_, 0.0f);
   for (size_t q = 0; q < window_; ++q) {
     if (precision_ == kInt8)
-      K().add_bf16(h1_, &src_table16_[(q * Vs + window[q]) * h1_], sum);
+      K().add_bf16(h1p_, &src_table16_[(q * Vs + window[q]) * h1p_], sum);
     else
       K().add(h1_, &src_table_[(q * Vs + window[q]) * h1_], sum);
   }

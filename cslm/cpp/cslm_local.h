@@ -60,10 +60,10 @@
 //     The first layer's premultiplied tables T_p (and a joint model's S_q)
 //     are kept in bfloat16, each entry the float32 product rounded to the
 //     nearest (ties to even): half their memory and half the bytes a
-//     history reads (the paper's 1,536-unit rows: 1.2 times the n-grams/s;
-//     `small`'s 512: 0.97 times, the widening costing more than the bytes
-//     saved). Their sum, its bias and ReLU are float32, and its output is
-//     rounded to 8 bits next anyway. The output layer and ln Z stay
+//     history reads. Units are paired in each 32-bit word, so that one
+//     shift or one mask widens each exactly (cslm_local.cc, PairedIndex).
+//     Their sum, its bias and ReLU are float32, and its output is rounded
+//     to 8 bits next anyway. The output layer and ln Z stay
 //     float32. The scores move by a few thousandths of a nat on average
 //     (benchmarks/bench_cslm_precision.py, docs/moses-feature.md).
 //
@@ -234,7 +234,7 @@ class LocalModel {
   size_t hidden_size() const { return layers_.empty() ? h1_ : layers_.back().out; }
 
   // A joint model's sum_q S_q[s_q] for a window of source_window() ids, through
-  // the scratch's source cache: a pointer valid until the next call.
+  // the scratch's source cache (slots of h1p_ floats): a pointer valid until the next call.
   const float* SourceSum(const uint32_t* window, Scratch* scratch) const;
 
   // o_w and ln Z for a last hidden layer h.
@@ -242,7 +242,8 @@ class LocalModel {
   float LogNormaliser(const float* h, Scratch* scratch) const;
 
  private:
-  // h_1 = relu(b_1 + sum_p T_p[w_p] (+ sum_q S_q[s_q])) of a history into a (H_1 floats).
+  // h_1 = relu(b_1 + sum_p T_p[w_p] (+ sum_q S_q[s_q])) of a history into a (H_1 floats; with kInt8, h1p_,
+  // the padding's zero).
   void FirstLayer(const uint32_t* history, float* a, Scratch* scratch) const;
   // The last hidden layers of n <= kBatch histories, into h[0..n): Hidden's
   // values. With kInt8, computed together (one pass over each layer's weights
@@ -269,6 +270,7 @@ class LocalModel {
   Precision precision_;
   unsigned order_, window_;
   size_t embed_, h1_;
+  size_t h1p_;  // H_1 padded to a multiple of 32: kInt8's table rows (paired bfloat16) and sums
   double self_norm_;
   bool nce_;
   std::vector<std::string> words_;
@@ -280,6 +282,7 @@ class LocalModel {
   Floats src_table_;  // S[q][s][j], source_window x V_src x H_1 (kFloat32)
   Bf16s src_table16_;  // the same in bfloat16 (kInt8)
   Floats b1_;
+  Floats b1p_;  // kInt8: b_1 padded with zeros to h1p_
   std::vector<Layer> layers_;  // the rectified layers after the first
   Floats out_w_;   // V x H_last, row per word
   Floats out_wt_;  // the same transposed, H_last x V
