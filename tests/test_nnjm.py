@@ -4,7 +4,6 @@ exact resume, the engine against the network, commands, and plain CSLMs unchange
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -392,7 +391,7 @@ def test_the_cpp_evaluators_int8_joint_model_follows_its_equations(local_exe, co
     grid, so that the tables are exact in float32 before their rounding, whatever the kernel that builds
     them."""
     from safetensors.torch import save_file
-    from test_cslm_local import int8_scores
+    from test_cslm_local import int8_scores, run_local
 
     out, _ = joint_model
     grid = tmp_path / "grid"
@@ -406,10 +405,7 @@ def test_the_cpp_evaluators_int8_joint_model_follows_its_equations(local_exe, co
     want_exact, want_sn = int8_scores(loaded, rows)
     fp32, _ = Engine.load(str(grid), device="cpu", normalized=False).score_ids(rows)
     for cap in ("amx", "avx512", "avx2", "baseline"):
-        r = subprocess.run([str(local_exe), str(grid), "--precision", "int8"], input="".join(x + "\n" for x in lines),
-                           capture_output=True, text=True, timeout=60, env={**os.environ, "CSLM_KERNELS": cap})
-        assert r.returncode == 0, r.stderr
-        got = np.array([[float(x) for x in line.split()] for line in r.stdout.splitlines()])
+        got = run_local(local_exe, grid, [line.split() for line in lines], kernels=cap, precision="int8")
         assert np.max(np.abs(got[:, 0] - want_exact)) < 5e-5 and np.max(np.abs(got[:, 1] - want_sn)) < 5e-5, cap
         assert 0 < np.max(np.abs(got[:, 1] - fp32)) < 0.2, cap
 

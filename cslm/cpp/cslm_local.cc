@@ -225,7 +225,10 @@ inline uint16_t FloatToBf16(float f) {
 // holds two units, and each widens to float32 exactly with one operation: shifted up (the first) or masked
 // (the second). Every kernel reads a block as whole vectors of such lanes (one for AVX-512, two for AVX2,
 // four for the baseline).
-inline size_t PairedIndex(size_t unit) { return unit / 32 * 32 + (unit % 32 < 16 ? 2 * (unit % 32) : 2 * (unit % 32 - 16) + 1); }
+inline size_t PairedIndex(size_t unit) {
+  const size_t i = unit % 32;
+  return unit - i + (i < 16 ? 2 * i : 2 * (i - 16) + 1);
+}
 
 // y[0..n) = relu(init + x_0 + ... + x_{k-1} (+ extra, where not null)), n a multiple of 32, the rows x_r
 // paired bfloat16 (above), each unit widened exactly to float32 and summed in that order: the same sums
@@ -803,8 +806,7 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
   if (bf16) {  // rows of h1p_ entries, paired (PairedIndex), the padding zero
     table16_.resize(C * V * h1p_);
     src_table16_.resize(M * Vs * h1p_);
-    b1p_ = b1_;
-    b1p_.resize(h1p_, 0.0f);
+    b1_.resize(h1p_, 0.0f);  // b_1 padded with zeros, as the rows are (the float32 path reads its first h1_)
   } else {
     table_.resize(C * V * h1_);
     src_table_.resize(M * Vs * h1_);
@@ -819,15 +821,15 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     for (size_t j = 0; j < h1_; ++j)
       for (size_t e = 0; e < embed_; ++e) w1t[e * h1_ + j] = w1[j * width + p * embed_ + e];
     const bool source = p >= C;
-    const size_t rows = source ? Vs : V, first = (source ? (p - C) * Vs : p * V) * h1_;
+    const size_t rows = source ? Vs : V, first = source ? (p - C) * Vs : p * V;  // the position's first row
     const float* emb = source ? &src_embed[0] : &embed[0];
     for (size_t w = 0; w < rows; ++w) {
       K().gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], &row[0]);
       if (bf16) {
-        uint16_t* out = &(source ? src_table16_ : table16_)[(first / h1_ + w) * h1p_];
+        uint16_t* out = &(source ? src_table16_ : table16_)[(first + w) * h1p_];
         for (size_t j = 0; j < h1_; ++j) out[PairedIndex(j)] = FloatToBf16(row[j]);
       } else {
-        std::copy(row.begin(), row.end(), (source ? src_table_ : table_).begin() + first + w * h1_);
+        std::copy(row.begin(), row.end(), (source ? src_table_ : table_).begin() + (first + w) * h1_);
       }
     }
   }
@@ -882,7 +884,7 @@ void LocalModel::FirstLayer(const uint32_t* history, float* a, Scratch* scratch)
   if (precision_ == kInt8) {  // the tables in bfloat16
     const uint16_t* rows[64];  // order <= 64 (checked at load)
     for (size_t p = 0; p < C; ++p) rows[p] = &table16_[(p * V + history[p]) * h1p_];
-    K().sum_relu_bf16(h1p_, rows, C, source, &b1p_[0], a);  // a: h1p_ floats, the padding's zero
+    K().sum_relu_bf16(h1p_, rows, C, source, &b1_[0], a);  // a: h1p_ floats, the padding's zero
     return;
   }
   const float* rows[65];  // order <= 64 (checked at load): the history's rows and the source window's sum

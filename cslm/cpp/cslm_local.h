@@ -281,8 +281,7 @@ class LocalModel {
   uint32_t src_bos_, src_eos_, src_unk_;
   Floats src_table_;  // S[q][s][j], source_window x V_src x H_1 (kFloat32)
   Bf16s src_table16_;  // the same in bfloat16 (kInt8)
-  Floats b1_;
-  Floats b1p_;  // kInt8: b_1 padded with zeros to h1p_
+  Floats b1_;  // b_1; with kInt8 padded with zeros to h1p_
   std::vector<Layer> layers_;  // the rectified layers after the first
   Floats out_w_;   // V x H_last, row per word
   Floats out_wt_;  // the same transposed, H_last x V
