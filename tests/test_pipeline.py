@@ -433,6 +433,25 @@ def test_dry_run_cslm_precision(tmp_path, shared_data):
     assert r.returncode != 0 and "CSLM_PRECISION must be fp32 or int8, not int4" in r.stderr
 
 
+def test_dry_run_cslm_keys(tmp_path, shared_data):
+    """CSLM_KEYS: more keys on the CSLM line in either mode, each replacing the mode's own of the same
+    key; a word that is not key=value stops the plan in one line."""
+    data = str(shared_data / "en-fr")
+    model = str(tmp_path / "w" / "cslm" / "model")
+    lines = {}
+    for mode in ("local", "server"):
+        r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=data, CSLM_MODE=mode,
+                  CSLM_PRECISION="int8", CSLM_KEYS="buffer=4096 predict=8", SYSTEMS="cslm-rnn")
+        assert r.returncode == 0, r.stderr
+        lines[mode] = [ln for ln in r.stdout.splitlines() if " CSLM name=CSLM0 " in ln]
+        assert lines[mode]
+    assert all(f"path={model} precision=int8 buffer=4096 predict=8 " in ln for ln in lines["local"])
+    assert all(f"path={model} buffer=4096 predict=8 " in ln and "buffer=65536" not in ln
+               for ln in lines["server"])
+    r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), CSLM_KEYS="buffer=1 predict")
+    assert r.returncode != 0 and "CSLM_KEYS holds key=value pairs, not predict" in r.stderr
+
+
 def test_dry_run_without_moses(tmp_path):
     # no data either: the plan is shown whether the default corpus folder exists or not
     r = _make("-n", "report", WORK=str(tmp_path / "w"), DATA=str(tmp_path / "no-data"))
