@@ -21,7 +21,7 @@ EXAMPLE := moses_rnn/data/example.en-fr.phrase-table
 install: $(VENV)/.installed
 
 # setup.py builds the C++ evaluator behind `cslm serve` (cslm/_native) from cslm/cpp/: reinstalled when they change
-$(VENV)/.installed: pyproject.toml setup.py $(wildcard cslm/cpp/cslm_native.cc cslm/cpp/cslm_local.* cslm/cpp/cslm_json.*) $(TORCH_FORCE)
+$(VENV)/.installed: pyproject.toml setup.py $(wildcard cslm/cpp/cslm_native.cc cslm/cpp/cslm_local.* cslm/cpp/cslm_kernels.* cslm/cpp/cslm_modeldir.* cslm/cpp/cslm_json.*) $(TORCH_FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(TORCH_STEP)
 	$(BIN)/pip install -q -e '.[test,pipeline,kenlm,analysis]'

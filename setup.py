@@ -15,8 +15,10 @@ class build_plain_library(build_ext):
 
 
 CPP = "cslm/cpp/"
-native = Extension("cslm._native", sources=[CPP + f for f in ("cslm_native.cc", "cslm_local.cc", "cslm_json.cc")],
-                   depends=[CPP + f for f in ("cslm_local.h", "cslm_json.h")], language="c++",
+native = Extension("cslm._native", sources=[CPP + f for f in ("cslm_native.cc", "cslm_local.cc", "cslm_kernels.cc",
+                                                               "cslm_modeldir.cc", "cslm_json.cc")],
+                   depends=[CPP + f for f in ("cslm_local.h", "cslm_kernels.h", "cslm_modeldir.h", "cslm_json.h")],
+                   language="c++",
                    extra_compile_args=["-std=c++11", "-O2", "-pthread"], extra_link_args=["-pthread"],
                    optional=True)  # no compiler: a warning, and the install goes on without it
 setup(ext_modules=[native], cmdclass={"build_ext": build_plain_library})

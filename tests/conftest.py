@@ -53,6 +53,10 @@ def tiny_model(tmp_path_factory) -> Path:
     return model_dir
 
 
+# the in-process evaluator (cslm/cpp/cslm_local.h) and what it is built of
+EVALUATOR_SOURCES = ("cslm_local.cc", "cslm_kernels.cc", "cslm_modeldir.cc", "cslm_json.cc")
+
+
 def compile_cpp(tmp_path_factory, name: str, sources: list[str]) -> Path:
     """cslm/cpp/`sources` compiled (-O2, every warning an error) into the program `name`, once per test process."""
     cxx = shutil.which("g++") or shutil.which("c++")
@@ -67,11 +71,11 @@ def compile_cpp(tmp_path_factory, name: str, sources: list[str]) -> Path:
 @pytest.fixture(scope="session")
 def local_exe(tmp_path_factory) -> Path:
     """The in-process C++ evaluator's test driver (cslm_local_test.cc)."""
-    return compile_cpp(tmp_path_factory, "cslm_local_test", ["cslm_local.cc", "cslm_json.cc", "cslm_local_test.cc"])
+    return compile_cpp(tmp_path_factory, "cslm_local_test", [*EVALUATOR_SOURCES, "cslm_local_test.cc"])
 
 
 @pytest.fixture(scope="session")
 def backend_exe(tmp_path_factory) -> Path:
     """The Moses feature's backends' test driver (cslm_backend_test.cc): local and server."""
-    return compile_cpp(tmp_path_factory, "cslm_backend_test", ["cslm_backend.cc", "cslm_local.cc", "cslm_client.cc",
-                                                               "cslm_json.cc", "cslm_backend_test.cc"])
+    return compile_cpp(tmp_path_factory, "cslm_backend_test", ["cslm_backend.cc", "cslm_client.cc", *EVALUATOR_SOURCES,
+                                                               "cslm_backend_test.cc"])

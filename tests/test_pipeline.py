@@ -787,7 +787,8 @@ def test_add_to_moses_registers_once(tmp_path):
     names = {p.name for p in ff.iterdir()}
     assert {"CSLM.h", "CSLM.cpp", "CSLMBuffer.h", "CSLMBuffer.cpp", "cslm_ngrams.h", "cslm_client.h",
             "cslm_client.cpp", "cslm_local.h", "cslm_local.cpp", "cslm_backend.h", "cslm_backend.cpp",
-            "cslm_json.h", "cslm_json.cpp"} <= names
+            "cslm_kernels.h", "cslm_kernels.cpp", "cslm_modeldir.h", "cslm_modeldir.cpp", "cslm_json.h",
+            "cslm_json.cpp"} <= names
     # a Moses whose search this script does not know: a clear error, the file untouched
     search.write_text("// something else\n")
     r = subprocess.run(["bash", str(MOSES_FF / "add-to-moses.sh"), str(tmp_path / "mosesdecoder")],

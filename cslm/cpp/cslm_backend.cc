@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "cslm_modeldir.h"
+
 namespace cslm {
 
 void Backend::Session::Evaluate(const uint32_t* ngrams, size_t count, float* logprobs, uint8_t* flags) {

@@ -61,7 +61,7 @@
 //     are kept in bfloat16, each entry the float32 product rounded to the
 //     nearest (ties to even): half their memory and half the bytes a
 //     history reads. Units are paired in each 32-bit word, so that one
-//     shift or one mask widens each exactly (cslm_local.cc, PairedIndex).
+//     shift or one mask widens each exactly (cslm_kernels.h, PairedIndex).
 //     Their sum, its bias and ReLU are float32, and its output is rounded
 //     to 8 bits next anyway. The output layer and ln Z stay
 //     float32. The scores move by a few thousandths of a nat on average
@@ -84,10 +84,6 @@
 #include <vector>
 
 namespace cslm {
-
-// The words of a model directory's cslm.vocab (`word<TAB>count` per line), in
-// id order; throws std::runtime_error("FILE: cannot read").
-std::vector<std::string> ReadVocabulary(const std::string& path);
 
 // Storage that starts on a 64-byte cache line. The weights and working
 // vectors are kept in it, so that in a layer whose width is a multiple of 16

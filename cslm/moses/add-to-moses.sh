@@ -20,7 +20,7 @@ search=$moses/moses/SearchNormal.cpp
 
 cp "$here/CSLM.h" "$here/CSLM.cpp" "$here/CSLMBuffer.h" "$here/CSLMBuffer.cpp" "$here/cslm_ngrams.h" \
    "$here/NNJM.h" "$here/NNJM.cpp" "$here/CSLMShared.h" "$here/CSLMShared.cpp" "$here/cslm_affiliation.h" "$ff/"
-for part in cslm_backend cslm_local cslm_client cslm_json; do
+for part in cslm_backend cslm_local cslm_kernels cslm_modeldir cslm_client cslm_json; do
   cp "$here/../cpp/$part.h" "$ff/$part.h"
   cp "$here/../cpp/$part.cc" "$ff/$part.cpp"   # Moses' Jamfile compiles moses/FF/*.cpp
 done

@@ -49,7 +49,8 @@ else
   cp "$built" bin/moses.tmp && mv bin/moses.tmp bin/moses
 fi
 # the decoder must be newer than every source the feature added, or it was not rebuilt
-for f in moses/FF/CSLM.cpp moses/FF/NNJM.cpp moses/FF/CSLMShared.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_backend.cpp moses/FF/cslm_local.cpp moses/FF/cslm_client.cpp moses/FF/cslm_json.cpp; do
+for f in moses/FF/CSLM.cpp moses/FF/NNJM.cpp moses/FF/CSLMShared.cpp moses/FF/CSLMBuffer.cpp moses/FF/cslm_backend.cpp moses/FF/cslm_local.cpp \
+         moses/FF/cslm_kernels.cpp moses/FF/cslm_modeldir.cpp moses/FF/cslm_client.cpp moses/FF/cslm_json.cpp; do
   [ bin/moses -nt "$f" ] || { echo "build-moses.sh: bin/moses is older than $f after bjam; run ./bjam --with-boost=/usr -q --no-xmlrpc-c in $moses" >&2; exit 1; }
 done
 
