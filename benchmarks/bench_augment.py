@@ -30,6 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import emit, table_slice  # noqa: E402
+from mtcommon.cliutil import run_script
 
 PIPELINE_ARGS = "--few 1 --per-source 3 --max-ngram 3 --max-growth 0.2"  # pipelines/Makefile AUGMENT_INPUT_ARGS
 
@@ -79,4 +80,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -75,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED, emit, parse_cpus, pinned, require_shared  # noqa: E402
 
 from cslm.client import Client  # noqa: E402
+from mtcommon.cliutil import run_script
 
 SYSTEM = SHARED / "en-fr-moses"
 PIPELINE_FLAGS = ["-search-algorithm", "1", "-cube-pruning-pop-limit", "1000"]
@@ -430,4 +431,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -43,6 +43,7 @@ from common import emit, require_shared  # noqa: E402
 from moses_rnn.formats.mosesini import MosesIni  # noqa: E402
 from mtcommon import nbest as nbest_list  # noqa: E402
 from mtcommon.errors import UserError  # noqa: E402
+from mtcommon.cliutil import run_script
 
 
 def ini(path: Path, table: Path, model: str, future_cost: bool, cslm_weight: float, lm_weight: float) -> None:
@@ -158,4 +159,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

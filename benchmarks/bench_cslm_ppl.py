@@ -21,6 +21,7 @@ from cslm.apply import perplexity
 from common import emit
 from cslm.engine import Engine, KenLMBackoff
 from mtcommon.textio import iter_lines
+from mtcommon.cliutil import run_script
 
 
 def main() -> None:
@@ -62,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

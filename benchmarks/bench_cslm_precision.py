@@ -40,6 +40,7 @@ from common import SHARED, emit
 from cslm.engine import Engine
 from cslm.native import NativeModel
 from mtcommon.textio import iter_lines
+from mtcommon.cliutil import run_script
 
 TEST_TEXT = SHARED / "en-fr-moses" / "test.tok.fr"
 
@@ -113,4 +114,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -42,6 +42,7 @@ from cslm.model import CSLM, preset_config
 from mtcommon.modeldir import parameter_count
 from mtcommon.textio import iter_lines
 from mtcommon.vocab import BOS, EOS
+from mtcommon.cliutil import run_script
 
 TEST_TEXT = SHARED / "en-fr-moses" / "test.tok.fr"  # optional here: synthetic n-grams without it
 TRAIN_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"
@@ -277,4 +278,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -36,6 +36,7 @@ from cslm.client import AsyncClient, Client
 from common import emit, parse_cpus, pinned
 from cslm.engine import Engine
 from mtcommon.textio import iter_lines
+from mtcommon.cliutil import run_script
 
 
 def load_ngrams(engine: Engine, text: str, limit: int) -> np.ndarray:
@@ -221,4 +222,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

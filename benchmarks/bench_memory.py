@@ -17,6 +17,7 @@ import sys
 import time
 
 from common import REAL_TABLE, require_shared, table_slice, untrained_model_dir, workdir
+from mtcommon.cliutil import run_script
 
 CHILD = """
 import resource, sys
@@ -67,4 +68,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

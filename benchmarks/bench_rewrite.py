@@ -22,6 +22,7 @@ from common import emit, require_shared, table_slice, untrained_model_dir, workd
 from moses_rnn.scoring.table import score_table, setup_scoring
 from mtcommon.textio import open_input
 from mtcommon.outputs import atomic_output
+from mtcommon.cliutil import run_script
 
 
 def main():
@@ -77,4 +78,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

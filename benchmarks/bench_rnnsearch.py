@@ -31,6 +31,7 @@ from moses_rnn.scoring.table import score_table
 from moses_rnn.training.train import build_vocabularies
 from mtcommon.modeldir import parameter_count
 from mtcommon.runtime import configure_threads, resolve_device
+from mtcommon.cliutil import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TABLE = ROOT.parent / "shared" / "data" / "en-fr-moses" / "phrase-table.gz"
@@ -87,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -34,6 +34,7 @@ from common import emit, gemm_rate, require_shared, sync, table_slice, untrained
 from moses_rnn.formats.phrasetable import read_phrase_table
 from moses_rnn.scoring.scorer import PhraseScorer
 from mtcommon.runtime import configure_threads, resolve_device
+from mtcommon.cliutil import run_script
 
 TIES = (0.0, 0.01, 0.05, 0.1)
 
@@ -125,4 +126,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -31,6 +31,7 @@ from moses_rnn.scoring.table import score_table
 from moses_rnn.scoring.window import first_window, parse_checked, plan_window
 from mtcommon.outputs import atomic_output
 from mtcommon.textio import iter_line_blocks
+from mtcommon.cliutil import run_script
 
 
 def main():
@@ -119,4 +120,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

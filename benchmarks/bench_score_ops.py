@@ -21,6 +21,7 @@ from common import emit, one_thread_slice, untrained_model_dir
 from moses_rnn.scoring.scorer import CPU_SIZES, PhraseScorer, gpu_sizes
 from moses_rnn.scoring.window import first_window, parse_checked, plan_window
 from mtcommon.textio import iter_line_blocks
+from mtcommon.cliutil import run_script
 
 GIB = 1 << 30
 # what torch reports for cards sold as 8, 16, 40 and 80 GB
@@ -75,4 +76,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -27,6 +27,7 @@ from common import emit, gemm_rate, require_shared, sync, table_slice, untrained
 from moses_rnn.formats.phrasetable import read_phrase_table
 from moses_rnn.scoring.scorer import PhraseScorer
 from mtcommon.runtime import configure_threads, native_bf16, resolve_device
+from mtcommon.cliutil import run_script
 
 
 def matmul_rate(device: torch.device, n: int = 2048, dtype: torch.dtype = torch.float32) -> float:
@@ -130,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -25,6 +25,7 @@ from common import emit  # noqa: E402
 
 from cslm.batcher import CachedScorer  # noqa: E402
 from cslm.stats import Stats  # noqa: E402
+from mtcommon.cliutil import run_script
 
 
 class FreeEngine:
@@ -62,4 +63,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

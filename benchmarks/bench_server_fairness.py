@@ -28,6 +28,7 @@ from common import emit
 
 from cslm import protocol as P
 from cslm.client import Client
+from mtcommon.cliutil import run_script
 
 
 def rss_kib(pid: int, field: str) -> int:
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

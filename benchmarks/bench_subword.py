@@ -44,6 +44,7 @@ from mtcommon.runtime import configure_threads, resolve_device
 from mtcommon.subword import SubwordVocabulary
 from mtcommon.textio import iter_lines
 from mtcommon.vocab import Vocabulary
+from mtcommon.cliutil import run_script
 
 TRAIN_TEXT = SHARED / "en-fr-moses"
 
@@ -125,4 +126,4 @@ def _timed(fn) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

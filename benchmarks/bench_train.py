@@ -47,6 +47,7 @@ from cslm.model import preset_config as cslm_preset  # noqa: E402
 from moses_rnn.networks.modelbase import preset_config  # noqa: E402
 from moses_rnn.networks.modelio import build_model  # noqa: E402
 from mtcommon.runtime import cpu_count, cpu_has_bf16  # noqa: E402
+from mtcommon.cliutil import run_script
 
 FR_TEXT = SHARED / "en-fr-moses" / "train.tok.fr"
 SENT_UNITS, SENT_MAX_LEN = 8000, 50  # the pipeline's sentence network (pipelines/Makefile, SENT_ARGS)
@@ -270,4 +271,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -34,6 +34,7 @@ from mtcommon.runtime import configure_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import SHARED, emit, gemm_rate  # noqa: E402
+from mtcommon.cliutil import run_script
 
 DEFAULT_INPUT = SHARED / "en-fr-moses" / "test.tok.en"
 
@@ -97,4 +98,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -43,6 +43,7 @@ LM = SYSTEM / "lm.fr.5.arpa.gz"  # the shared system's n-gram LM, beside the CSL
 
 from cslm.engine import Engine  # noqa: E402
 from mtcommon import nbest as nbest_list  # noqa: E402
+from mtcommon.cliutil import run_script
 
 
 def nbest(path: Path) -> list[tuple[int, str, float, float]]:
@@ -196,4 +197,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

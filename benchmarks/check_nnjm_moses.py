@@ -37,6 +37,7 @@ from cslm.apply import rescore_nbest  # noqa: E402
 from cslm.data import affiliations, decoder_affiliations  # noqa: E402
 from cslm.engine import Engine  # noqa: E402
 from mtcommon import nbest as nbest_list  # noqa: E402
+from mtcommon.cliutil import run_script
 
 LM = SYSTEM / "lm.fr.5.arpa.gz"  # the shared system's n-gram LM, beside the joint model
 NBEST_FLAGS = ["-include-segmentation-in-n-best", "-print-alignment-info-in-n-best"]
@@ -196,4 +197,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -29,6 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from common import emit
+from mtcommon.cliutil import run_script
 
 BASE_ARGS = ["--self-norm", "0.1", "--valid-fraction", "0.01"]  # the pipeline's CSLM_TRAIN_ARGS, less the budget
 RECIPES: dict[str, str] = {
@@ -158,4 +159,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

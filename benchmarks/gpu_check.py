@@ -89,6 +89,7 @@ sys.path.insert(0, str(HERE))
 
 from common import SHARED, filter_arpa, gemm_rate, table_slice  # noqa: E402
 from run_all import _fmt, classify_failure, last_json_object  # noqa: E402
+from mtcommon.cliutil import run_script
 
 ROOT = HERE.parent
 EXAMPLE_TABLE = ROOT / "moses_rnn" / "data" / "example.en-fr.phrase-table"
@@ -815,4 +816,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

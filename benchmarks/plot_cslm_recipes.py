@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from mtcommon.cliutil import run_script
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

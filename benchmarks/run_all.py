@@ -29,6 +29,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from mtcommon import cliutil
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -261,4 +262,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cliutil.run_script(main)

@@ -59,6 +59,24 @@ def fail_cleanly(fn):
     return wrapper
 
 
+def run_script(main: Callable[[], int | None]) -> None:
+    """Runs a script's main (benchmarks/) as the commands run theirs: a user error (a file missing or damaged,
+    a bad value: USER_ERRORS) is one line, `SCRIPT: error: MESSAGE`, and exit status 1, not a traceback;
+    SIGTERM and SIGHUP exit through the clean-up (`exit_on_signals`: servers and workers the script started
+    are stopped); Ctrl-C is one line and exit status 130. Exits with main's return value (None: 0)."""
+    exit_on_signals()
+    name = os.path.basename(sys.argv[0])
+    try:
+        code = main()
+    except USER_ERRORS as e:
+        print(f"{name}: error: {str(e) or type(e).__name__}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{name}: error: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(INTERRUPTED)
+    sys.exit(code or 0)
+
+
 class OneLineUsageError(click.UsageError):
     """A usage error shown as click shows its other errors: `Error: MESSAGE`, one line (exit status 2)."""
 
