@@ -18,10 +18,6 @@ namespace cslm {
 static_assert(LocalModel::kBatch <= kKernelRows, "HiddenBatch's histories go to gemv_i8_batch in one call");
 
 namespace {
-const Kernels& K() { return CpuKernels(); }  // the CPU's kernel set (cslm_kernels.h)
-}  // namespace
-
-namespace {
 // The ids of <s>, </s> and [UNK] in a vocabulary read from `path`; throws naming it if one is missing.
 void SpecialIds(const std::vector<std::string>& words, const std::string& path, uint32_t* bos, uint32_t* eos,
                 uint32_t* unk) {
@@ -43,8 +39,8 @@ bool ParsePrecision(const std::string& name, Precision* precision) {
 }
 
 LocalModel::LocalModel(const std::string& dir, Precision precision)
-    : precision_(precision), order_(0), window_(0), embed_(0), h1_(0), self_norm_(0), nce_(false), bos_(0), eos_(0),
-      unk_(0), src_bos_(0), src_eos_(0), src_unk_(0) {
+    : kernels_(&CpuKernels()), precision_(precision), order_(0), window_(0), embed_(0), h1_(0), self_norm_(0),
+      nce_(false), bos_(0), eos_(0), unk_(0), src_bos_(0), src_eos_(0), src_unk_(0) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors", voc_path = dir + "/cslm.vocab",
                     src_voc_path = dir + "/cslm.src.vocab";
   const Json cfg = Json::Parse(ReadFile(cfg_path), cfg_path);
@@ -138,7 +134,7 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     const size_t rows = source ? Vs : V, first = source ? (p - C) * Vs : p * V;  // the position's first row
     const float* emb = source ? &src_embed[0] : &embed[0];
     for (size_t w = 0; w < rows; ++w) {
-      K().gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], &row[0]);
+      kernels_->gemv(&w1t[0], h1_, &all[0], emb + w * embed_, embed_, &zero[0], &row[0]);
       if (bf16) {
         uint16_t* out = &(source ? src_table16_ : table16_)[(first + w) * h1p_];
         for (size_t j = 0; j < h1_; ++j) out[PairedIndex(j)] = FloatToBf16(row[j]);
@@ -161,7 +157,8 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     if (precision_ == kInt8) {
       // W_k[j][i] ~ s_j q_j[i] (cslm_local.h, "Precision"), in groups of four inputs per output. A sum of
       // in x 255 x 127 must fit 32 bits.
-      if (L.in > 65536) throw FileError(st_path, "hidden layer " + std::to_string(k) + " is too wide for precision int8");
+      if (L.in > 65536)
+        throw FileError(st_path, "hidden layer " + std::to_string(k) + " is too wide for precision int8");
       L.q.assign(L.in64 * L.out16, 0);
       L.scale.assign(L.out, 0.0f);
       for (size_t j = 0; j < L.out; ++j) {
@@ -183,14 +180,15 @@ LocalModel::LocalModel(const std::string& dir, Precision precision)
     layers_.push_back(L);
   }
   s = st.Get("out.weight", 2, &out_w_);
-  if (s[0] != V || s[1] != in) throw FileError(st_path, "out.weight does not match the vocabulary and the last hidden layer");
+  if (s[0] != V || s[1] != in)
+    throw FileError(st_path, "out.weight does not match the vocabulary and the last hidden layer");
   st.Get("out.bias", 1, &out_b_);
   out_wt_.resize(out_w_.size());  // transposed, for the whole softmax as one product
   for (size_t v = 0; v < V; ++v)
     for (size_t k = 0; k < in; ++k) out_wt_[k * V + v] = out_w_[v * in + k];
 }
 
-const char* LocalModel::Kernels() { return K().name; }
+const char* LocalModel::Kernels() { return CpuKernels().name; }
 
 void LocalModel::FirstLayer(const uint32_t* history, float* a, Scratch* scratch) const {
   const size_t V = words_.size(), C = order_ - 1;
@@ -198,14 +196,14 @@ void LocalModel::FirstLayer(const uint32_t* history, float* a, Scratch* scratch)
   if (precision_ == kInt8) {  // the tables in bfloat16
     const uint16_t* rows[64];  // order <= 64 (checked at load)
     for (size_t p = 0; p < C; ++p) rows[p] = &table16_[(p * V + history[p]) * h1p_];
-    K().sum_relu_bf16(h1p_, rows, C, source, &b1_[0], a);  // a: h1p_ floats, the padding's zero
+    kernels_->sum_relu_bf16(h1p_, rows, C, source, &b1_[0], a);  // a: h1p_ floats, the padding's zero
     return;
   }
   const float* rows[65];  // order <= 64 (checked at load): the history's rows and the source window's sum
   for (size_t p = 0; p < C; ++p) rows[p] = &table_[(p * V + history[p]) * h1_];
   size_t k = C;
   if (source) rows[k++] = source;
-  K().sum_relu(h1_, rows, k, &b1_[0], a);  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
+  kernels_->sum_relu(h1_, rows, k, &b1_[0], a);  // h_1 = relu(b_1 + sum_p T_p[w_p] + sum_q S_q[s_q])
 }
 
 void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) const {
@@ -224,9 +222,10 @@ void LocalModel::Hidden(const uint32_t* history, float* h, Scratch* scratch) con
     b.resize(L.out);
     idx.resize(L.in);
     val.resize(L.in);
-    const size_t nnz = K().pack(L.in, &a[0], &idx[0], &val[0]);  // rectified zeros cost nothing: the others, packed
-    K().gemv(&L.wt[0], L.out, &idx[0], &val[0], nnz, &L.bias[0], &b[0]);
-    K().relu(L.out, &b[0]);
+    // rectified zeros cost nothing: the others, packed
+    const size_t nnz = kernels_->pack(L.in, &a[0], &idx[0], &val[0]);
+    kernels_->gemv(&L.wt[0], L.out, &idx[0], &val[0], nnz, &L.bias[0], &b[0]);
+    kernels_->relu(L.out, &b[0]);
     a.swap(b);
   }
   std::memcpy(h, &a[0], hidden_size() * sizeof(float));
@@ -254,10 +253,10 @@ void LocalModel::HiddenBatch(const uint32_t* const* histories, size_t n, float* 
   for (size_t i = 0; i < n; ++i) FirstLayer(histories[i], a + i * stride, s);
   for (size_t l = 0; l < layers_.size(); ++l) {  // h_k[j] = relu(b_k[j] + s_h s_j sum_i r[i] q_j[i]) ("Precision")
     const Layer& L = layers_[l];
-    for (size_t i = 0; i < n; ++i) sh[i] = K().quantize(L.in, L.in64, a + i * stride, r + i * stride);
-    K().gemv_i8_batch(&L.q[0], L.in64 / 4, L.out16, r, acc, stride, n);
+    for (size_t i = 0; i < n; ++i) sh[i] = kernels_->quantize(L.in, L.in64, a + i * stride, r + i * stride);
+    kernels_->gemv_i8_batch(&L.q[0], L.in64 / 4, L.out16, r, acc, stride, n);
     for (size_t i = 0; i < n; ++i)
-      K().dequant_relu(L.out, acc + i * stride, sh[i], &L.scale[0], &L.bias[0], b + i * stride);
+      kernels_->dequant_relu(L.out, acc + i * stride, sh[i], &L.scale[0], &L.bias[0], b + i * stride);
     std::swap(a, b);
   }
   for (size_t i = 0; i < n; ++i) std::memcpy(h[i], a + i * stride, hidden_size() * sizeof(float));
@@ -280,9 +279,9 @@ const float* LocalModel::SourceSum(const uint32_t* window, Scratch* s) const {
   std::fill(sum, sum + h1p_, 0.0f);
   for (size_t q = 0; q < window_; ++q) {
     if (precision_ == kInt8)
-      K().add_bf16(h1p_, &src_table16_[(q * Vs + window[q]) * h1p_], sum);
+      kernels_->add_bf16(h1p_, &src_table16_[(q * Vs + window[q]) * h1p_], sum);
     else
-      K().add(h1_, &src_table_[(q * Vs + window[q]) * h1_], sum);
+      kernels_->add(h1_, &src_table_[(q * Vs + window[q]) * h1_], sum);
   }
   std::copy(window, window + window_, key);
   return sum;
@@ -290,7 +289,7 @@ const float* LocalModel::SourceSum(const uint32_t* window, Scratch* s) const {
 
 float LocalModel::Activation(const float* h, uint32_t word) const {
   const size_t H = hidden_size();
-  return K().dot(H, &out_w_[word * H], h) + out_b_[word];  // o_w = out_w . h + c_w
+  return kernels_->dot(H, &out_w_[word * H], h) + out_b_[word];  // o_w = out_w . h + c_w
 }
 
 float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
@@ -299,10 +298,10 @@ float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
   Floats& val = scratch->a;
   idx.resize(H);
   val.resize(H);
-  const size_t nnz = K().pack(H, h, &idx[0], &val[0]);  // the rectified layer's nonzeros, packed
+  const size_t nnz = kernels_->pack(H, h, &idx[0], &val[0]);  // the rectified layer's nonzeros, packed
   Floats& o = scratch->b;
   o.resize(V);
-  K().gemv(&out_wt_[0], V, &idx[0], &val[0], nnz, &out_b_[0], &o[0]);  // every o_v = out_v . h + c_v
+  kernels_->gemv(&out_wt_[0], V, &idx[0], &val[0], nnz, &out_b_[0], &o[0]);  // every o_v = out_v . h + c_v
   const float top = *std::max_element(o.begin(), o.end());
   double z = 0;
   for (size_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(o[v] - top));

@@ -85,6 +85,8 @@
 
 namespace cslm {
 
+struct Kernels;  // cslm_kernels.h
+
 // Storage that starts on a 64-byte cache line. The weights and working
 // vectors are kept in it, so that in a layer whose width is a multiple of 16
 // floats every row, and every 64-byte vector load of it, lies within a cache
@@ -263,6 +265,7 @@ class LocalModel {
     Floats scale;
   };
 
+  const cslm::Kernels* kernels_;  // the CPU's kernel set, picked once (cslm_kernels.h)
   Precision precision_;
   unsigned order_, window_;
   size_t embed_, h1_;
