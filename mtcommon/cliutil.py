@@ -37,6 +37,14 @@ def exit_on_signals() -> None:
 INTERRUPTED = 128 + signal.SIGINT
 
 
+def user_error_message(e: BaseException) -> str:
+    """The one line a user error (USER_ERRORS) is shown as."""
+    message = str(e) or type(e).__name__
+    if isinstance(e, GZIP_ERRORS) and not isinstance(e, InputError):
+        message = f"bad gzip input: {message}"
+    return message
+
+
 def fail_cleanly(fn):
     """A user error becomes a one-line message (exit 1); SIGTERM and SIGHUP exit through the clean-up
     (`exit_on_signals`); Ctrl-C, once the clean-up has run on the way out (the atomic output's temporary
@@ -48,10 +56,7 @@ def fail_cleanly(fn):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as e:
-            message = str(e) or type(e).__name__
-            if isinstance(e, GZIP_ERRORS) and not isinstance(e, InputError):
-                message = f"bad gzip input: {message}"
-            raise click.ClickException(message) from None
+            raise click.ClickException(user_error_message(e)) from None
         except KeyboardInterrupt:
             click.echo("Error: interrupted (Ctrl-C)", err=True)
             sys.exit(INTERRUPTED)
@@ -69,7 +74,7 @@ def run_script(main: Callable[[], int | None]) -> None:
     try:
         code = main()
     except USER_ERRORS as e:
-        print(f"{name}: error: {str(e) or type(e).__name__}", file=sys.stderr)
+        print(f"{name}: error: {user_error_message(e)}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print(f"{name}: error: interrupted (Ctrl-C)", file=sys.stderr)
