@@ -18,6 +18,13 @@ namespace cslm {
 static_assert(LocalModel::kBatch <= kKernelRows, "HiddenBatch's histories go to gemv_i8_batch in one call");
 
 namespace {
+// FNV-1a over `size` ids: the history caches' and the source cache's slots.
+uint64_t IdHash(const uint32_t* ids, size_t size) {
+  uint64_t hash = 1469598103934665603ull;
+  for (size_t k = 0; k < size; ++k) hash = (hash ^ ids[k]) * 1099511628211ull;
+  return hash;
+}
+
 // The ids of <s>, </s> and [UNK] in a vocabulary read from `path`; throws naming it if one is missing.
 void SpecialIds(const std::vector<std::string>& words, const std::string& path, uint32_t* bos, uint32_t* eos,
                 uint32_t* unk) {
@@ -269,8 +276,7 @@ const float* LocalModel::SourceSum(const uint32_t* window, Scratch* s) const {
     s->src_keys.assign(kSourceSlots * window_, 0xffffffffu);  // no word has this id: every slot empty
     s->src_values.resize(kSourceSlots * h1p_);
   }
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a over the ids
-  for (size_t q = 0; q < window_; ++q) hash = (hash ^ window[q]) * 1099511628211ull;
+  const uint64_t hash = IdHash(window, window_);
   const size_t slot = static_cast<size_t>((hash ^ (hash >> 29)) % kSourceSlots);
   uint32_t* key = &s->src_keys[slot * window_];
   float* sum = &s->src_values[slot * h1p_];
@@ -308,14 +314,6 @@ float LocalModel::LogNormaliser(const float* h, Scratch* scratch) const {
   return top + static_cast<float>(std::log(z));  // ln Z = ln sum_v exp(o_v)
 }
 
-namespace {
-uint64_t HistoryHash(const uint32_t* history, size_t size) {  // FNV-1a over the ids
-  uint64_t hash = 1469598103934665603ull;
-  for (size_t k = 0; k < size; ++k) hash = (hash ^ history[k]) * 1099511628211ull;
-  return hash;
-}
-}  // namespace
-
 SharedHiddenCache::SharedHiddenCache(size_t slots, size_t key_size, size_t hidden_size)
     : slots_(slots), key_size_(key_size), hidden_size_(hidden_size), busy_(new std::atomic<bool>[slots]),
       keys_(slots_ * key_size, 0xffffffffu),  // no word has this id: every slot empty
@@ -324,7 +322,7 @@ SharedHiddenCache::SharedHiddenCache(size_t slots, size_t key_size, size_t hidde
 }
 
 size_t SharedHiddenCache::Slot(const uint32_t* key) const {
-  return static_cast<size_t>(HistoryHash(key, key_size_) % slots_);
+  return static_cast<size_t>(IdHash(key, key_size_) % slots_);
 }
 
 bool SharedHiddenCache::Find(const uint32_t* key, float* h) {
@@ -358,7 +356,7 @@ const float* LocalModel::FindHidden(const uint32_t* history, Scratch* s) const {
     s->keys.assign(s->slots * C, 0xffffffffu);  // no word has this id: every slot empty
     s->values.resize(s->slots * H);
   }
-  const size_t slot = static_cast<size_t>(HistoryHash(history, C) % s->slots);
+  const size_t slot = static_cast<size_t>(IdHash(history, C) % s->slots);
   if (std::equal(history, history + C, &s->keys[slot * C])) {
     ++s->hits;
     return &s->values[slot * H];
@@ -372,7 +370,7 @@ void LocalModel::StoreHidden(const uint32_t* history, const float* h, Scratch* s
   if (s->shared) {
     s->shared->Store(history, h);
   } else if (s->slots) {  // FindHidden has sized the table
-    const size_t slot = static_cast<size_t>(HistoryHash(history, C) % s->slots);
+    const size_t slot = static_cast<size_t>(IdHash(history, C) % s->slots);
     std::copy(history, history + C, &s->keys[slot * C]);
     std::copy(h, h + H, &s->values[slot * H]);
   }
