@@ -67,12 +67,11 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHARED, emit, parse_cpus, pinned, require_shared  # noqa: E402
+from common import SHARED, emit, parse_cpus, pinned, require_shared, workdir  # noqa: E402
 
 from cslm.client import Client  # noqa: E402
 from mtcommon.cliutil import run_script
@@ -110,7 +109,7 @@ def shared_test_set(moses: str | None, work: str | None, sentences: int, prefix:
     require_shared()
     if not moses or not (Path(moses) / "bin" / "moses").exists():
         raise SystemExit("set MOSES (or --moses) to a mosesdecoder built with cslm/moses/build-moses.sh")
-    folder = Path(work or tempfile.mkdtemp(prefix=prefix))
+    folder = Path(work or workdir(prefix))
     folder.mkdir(parents=True, exist_ok=True)
     lines = (SYSTEM / "test.tok.en").read_text(encoding="utf-8").splitlines()[:sentences]
     table = folder / f"phrase-table.first{sentences}.gz"
@@ -283,7 +282,8 @@ def main() -> None:
                          "and the factor its reach grows by past a miss), or predict:P for predict=P (each stack's "
                          "search run ahead for P times its pop limit), predict:P:KEY=VALUE,... with more keys of "
                          "the CSLM line (run-ahead=estimate, rounds=3)")
-    ap.add_argument("--work", help="keep the filtered table here (reused when present)")
+    ap.add_argument("--work", help="keep the filtered table and outputs here (reused when present) "
+                    "[a temporary folder, removed at exit]")
     ap.add_argument("--system", type=Path, default=SYSTEM,
                     help="a folder with phrase-table.gz, lm.fr.5.arpa.gz and test.tok.en [the shared system]; "
                          "phrase-table.gz may be absent when --work holds the filtered table")
@@ -327,7 +327,7 @@ def main() -> None:
     report["self_normalized"] = self_norm
     report["server_device"] = args.server_device
 
-    work = Path(args.work or tempfile.mkdtemp(prefix="bench-cslm-decode-"))
+    work = Path(args.work or workdir("bench-cslm-decode-"))
     work.mkdir(parents=True, exist_ok=True)
     every = (system / "test.tok.en").read_text(encoding="utf-8").splitlines()
     lines = every[: args.sentences]

@@ -27,13 +27,12 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from cslm.client import AsyncClient, Client
-from common import emit, parse_cpus, pinned
+from common import emit, parse_cpus, pinned, workdir
 from cslm.engine import Engine
 from mtcommon.textio import iter_lines
 from mtcommon.cliutil import run_script
@@ -113,7 +112,7 @@ def latency(port: int, grams: np.ndarray, size: int, count: int) -> dict:
 
 def start_server(model_dir: str, device: str, threads: int | None, max_batch: int, max_delay_us: int,
                  self_normalized: bool = False, evaluator: str = "auto", cpus: set[int] | None = None):
-    folder = tempfile.mkdtemp(prefix="cslm-bench-")
+    folder = workdir("cslm-bench-")
     port_file = os.path.join(folder, "port")
     cmd = [sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file", port_file,
            "--cache-size", "0", "--history-cache", "0", "--device", device, "--max-batch", str(max_batch), "--max-delay-us", str(max_delay_us)]

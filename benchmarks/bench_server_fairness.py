@@ -18,13 +18,12 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 import numpy as np
 
-from common import emit
+from common import emit, workdir
 
 from cslm import protocol as P
 from cslm.client import Client
@@ -37,7 +36,7 @@ def rss_kib(pid: int, field: str) -> int:
 
 
 def start_server(model_dir: str, extra: list[str]) -> tuple[subprocess.Popen, int]:
-    folder = tempfile.mkdtemp(prefix="fairness-")
+    folder = workdir("fairness-")
     port_file = os.path.join(folder, "port")
     proc = subprocess.Popen([sys.executable, "-m", "cslm.cli", "serve", model_dir, "--port", "0", "--port-file",
                              port_file, "--cache-size", "0", "--device", "cpu", *extra],

@@ -25,7 +25,6 @@ import argparse
 import gzip
 import itertools
 import os
-import shutil
 import statistics
 import time
 from collections import Counter
@@ -116,7 +115,6 @@ def main() -> None:
           "subword_over_words_same_size": round(speed["subwords"] / speed["words_same_size"], 3),
           "subword_over_words_preset": round(speed["subwords"] / speed["words_preset"], 3),
           "target_same_size_ratio": 1 / 1.5})
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _timed(fn) -> float:

@@ -41,7 +41,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REAL_TABLE, SHARED, emit, require_shared, table_slice  # noqa: E402
+from common import REAL_TABLE, SHARED, emit, require_shared, table_slice, workdir  # noqa: E402
 
 from cslm.model import preset_config as cslm_preset  # noqa: E402
 from moses_rnn.networks.modelbase import preset_config  # noqa: E402
@@ -207,7 +207,7 @@ def main() -> None:
     require_shared()
     presets = ["small"] if a.quick else a.presets.split(",")
     cores = cpu_count()
-    work = tempfile.mkdtemp(prefix="moses-rnn-bench-train-")
+    work = workdir("moses-rnn-bench-train-")
     table = table_slice(a.lines if not a.quick else 20000, work)
     report: dict = {"cores": cores, "cpu_bf16": cpu_has_bf16(), "recipe": "fast", "gemm_gflops": {}, "runs": []}
     for threads in sorted({1, cores}):

@@ -104,7 +104,8 @@ def main() -> None:
     ap.add_argument("--moses", default=os.environ.get("MOSES"))
     ap.add_argument("--sentences", type=int, default=50)
     ap.add_argument("--tolerance", type=float, default=1e-3)
-    ap.add_argument("--work")
+    ap.add_argument("--work", help="keep the filtered table, moses.ini files and n-best lists here "
+                    "(reused when present) [a temporary folder, removed at exit]")
     ap.add_argument("--corner", type=int, default=16, help="corner= of the buffered cube-pruning mode")
     ap.add_argument("--ahead", type=int, default=4, help="ahead= of the buffered cube-pruning mode")
     ap.add_argument("--predict", type=float, default=1.25,

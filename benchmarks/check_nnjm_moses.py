@@ -150,7 +150,8 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=30)
     ap.add_argument("--tolerance", type=float, default=1e-3)
     ap.add_argument("--repeats", type=int, default=3, help="alternated timing runs (0: no timing)")
-    ap.add_argument("--work")
+    ap.add_argument("--work", help="keep the filtered table, moses.ini files and n-best lists here "
+                    "(reused when present) [a temporary folder, removed at exit]")
     args = ap.parse_args()
     moses, work, lines, table = shared_test_set(args.moses, args.work, args.sentences, "check-nnjm-moses-")
     config = json.loads((Path(args.model) / "config.json").read_text())

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gzip
 import json
 import sys
 import itertools
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -146,8 +148,13 @@ def finish_check(report: dict) -> None:
     sys.exit(0 if report["all_ok"] else 1)
 
 
-def workdir() -> str:
-    return tempfile.mkdtemp(prefix="moses-rnn-bench-")
+def workdir(prefix: str = "moses-rnn-bench-") -> str:
+    """A new temporary folder for this run's files (slices, models, outputs, a server's port file), removed
+    when the script exits: normally, on an error, or on SIGTERM (through `run_script`'s clean-up). Scripts
+    whose files are worth keeping take a --work folder instead."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def require_shared() -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 EXAMPLE_TABLE = ROOT / "moses_rnn" / "data" / "example.en-fr.phrase-table"
 CPP = ROOT / "cslm" / "cpp"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_inside_the_run(tmp_path_factory):
+    """Temporary files of the tests, their subprocesses included (servers, torchrun's own log folders),
+    go into this run's pytest folder rather than the machine's /tmp, so that a run leaves nothing there."""
+    folder = tmp_path_factory.mktemp("tmp")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None
+    yield
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,13 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_server_f
 
 
 def test_the_fairness_benchmark_reports_the_wait_and_the_growth(cslm_model, tmp_path):  # noqa: F811
-    out = tmp_path / "report.json"
+    out, scratch = tmp_path / "report.json", tmp_path / "tmp"
+    scratch.mkdir()
     r = subprocess.run([sys.executable, str(SCRIPT), str(cslm_model), "--frames", "4", "--ngrams", "2000",
                         "--probes", "2", "--json", str(out), "--max-pending", "2"],
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True, timeout=240, env={**os.environ, "TMPDIR": str(scratch)})
     assert r.returncode == 0, r.stderr
+    assert not list(scratch.iterdir())  # the server's port folder removed at exit (common.workdir)
     report = json.loads(out.read_text())
     assert len(report["other_client_wait_s"]["all"]) == 2 and report["other_client_wait_s"]["max"] > 0
     assert report["server_rss_peak_mib"] >= report["server_rss_idle_mib"] > 0
