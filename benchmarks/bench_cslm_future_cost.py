@@ -84,8 +84,9 @@ def decode(moses: Path, config: Path, text: str, nbest: Path) -> tuple[float, li
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("model", nargs="?", help="a CSLM model directory (the shared system's form)")
-    ap.add_argument("--config", type=Path, help="a tuned moses.ini with an in-process CSLM line (instead of MODEL)")
+    form = ap.add_mutually_exclusive_group(required=True)  # one of the two forms above
+    form.add_argument("model", nargs="?", help="a CSLM model directory (the shared system's form)")
+    form.add_argument("--config", type=Path, help="a tuned moses.ini with an in-process CSLM line (instead of MODEL)")
     ap.add_argument("--input", type=Path, help="with --config: the tokenized source sentences")
     ap.add_argument("--ref", type=Path, help="with --config: their tokenized references")
     ap.add_argument("--sentences", type=int, default=200, help="the first N sentences (0: all)")
@@ -93,8 +94,6 @@ def main() -> None:
     ap.add_argument("--cslm-weight", type=float, default=0.1)
     ap.add_argument("--lm-weight", type=float, default=0.4)
     args = ap.parse_args()
-    if (args.model is None) == (args.config is None):
-        ap.error("give a CSLM model directory or --config, not both")
     if args.config is not None and (args.input is None or args.ref is None):
         ap.error("--config needs --input and --ref")
     moses = Path(os.environ.get("MOSES", ""))

@@ -10,11 +10,11 @@ Each prints a JSON object as the last thing on stdout; the table lists its
 top-level numbers and every field, at any depth, whose name says it is a
 ratio, fraction, speedup or target, beside the targets its docstring states
 ("Target: ..."). A script is skipped, not failed, when it needs ../shared/data
-and that folder is not beside the project, or when it needs arguments (a model
-directory, a text) that --args does not give it. --quick passes a script its
-own --quick if it has one, else the options in QUICK that it defines (found in
-its source, `add_argument("--lines"`); sizes a script has no option for stay
-as they are (bench_memory always reads the whole shared table). Exit status 1
+and that folder is not beside the project, when it needs arguments (a model
+directory, a text) that --args does not give it, or when it needs a Moses and
+MOSES is not set. --quick passes a script its own --quick if it has one, else
+the options in QUICK that it defines (found in its source,
+`add_argument("--lines"`); sizes a script has no option for stay as they are (bench_memory always reads the whole shared table). Exit status 1
 if any benchmark failed.
 """
 
@@ -180,8 +180,14 @@ def format_table(results: list[Result]) -> str:
 
 def classify_failure(returncode: int, stderr: str) -> tuple[str, str]:
     """(status, reason) of a script that exited non-zero."""
-    if "the following arguments are required" in stderr:
-        return "skipped", "needs arguments: " + stderr.strip().splitlines()[-1].split("required:")[-1].strip()
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+    if "the following arguments are required" in last:
+        return "skipped", "needs arguments: " + last.split("required:")[-1].strip()
+    if m := re.search(r"one of the arguments (.+) is required", last):  # a script of two forms
+        names = [a if a.startswith("-") else a.upper() for a in m.group(1).split()]
+        return "skipped", "needs arguments: " + " or ".join(names)
+    if re.search(r"\bset MOSES\b", last):
+        return "skipped", "needs MOSES, a mosesdecoder built with the CSLM feature (cslm/moses/build-moses.sh)"
     if "shared/data" in stderr and ("beside the project" in stderr or "No such file" in stderr):
         return "skipped", "needs ../shared/data beside the project (not found)"
     tail = [line for line in stderr.strip().splitlines() if line.strip()]

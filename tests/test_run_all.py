@@ -89,13 +89,27 @@ def test_run_script_quick_skip_and_failure(tmp_path):
     assert r.status == "failed" and "no JSON" in r.reason
 
 
-@pytest.mark.parametrize("stderr, status", [
-    ("usage: x\nx: error: the following arguments are required: model_dir, text\n", "skipped"),
-    ("SystemExit: benchmarks need ../shared/data beside the project (/x/shared/data/t.gz is missing)\n", "skipped"),
-    ("Traceback ...\nZeroDivisionError: division by zero\n", "failed"),
+@pytest.mark.parametrize("stderr, status, reason", [
+    ("usage: x\nx: error: the following arguments are required: model_dir, text\n", "skipped",
+     "needs arguments: model_dir, text"),
+    ("usage: x\nx: error: one of the arguments model --config is required\n", "skipped",
+     "needs arguments: MODEL or --config"),
+    ("set MOSES=/path/to/mosesdecoder (a Moses built with cslm/moses/add-to-moses.sh)\n", "skipped",
+     "needs MOSES, a mosesdecoder built with the CSLM feature (cslm/moses/build-moses.sh)"),
+    ("SystemExit: benchmarks need ../shared/data beside the project (/x/shared/data/t.gz is missing)\n", "skipped",
+     "needs ../shared/data beside the project (not found)"),
+    ("Traceback ...\nZeroDivisionError: division by zero\n", "failed", "exit 1: ZeroDivisionError: division by zero"),
 ])
-def test_classify_failure(stderr, status):
-    assert R.classify_failure(1, stderr)[0] == status
+def test_classify_failure(stderr, status, reason):
+    assert R.classify_failure(1, stderr) == (status, reason)
+
+
+def test_a_script_of_two_forms_given_neither_is_skipped():
+    """bench_cslm_future_cost.py takes a model directory or --config: `make bench` without either lists it as
+    skipped, not failed."""
+    script = R.inspect_script(ROOT / "benchmarks" / "bench_cslm_future_cost.py")
+    r = R.run_script(script, [], quick=True, timeout=120, shared=ROOT)  # whether or not ../shared is here
+    assert (r.status, r.reason) == ("skipped", "needs arguments: MODEL or --config")
 
 
 def test_format_table_lists_figures_targets_and_reasons():
