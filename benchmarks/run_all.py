@@ -14,8 +14,9 @@ and that folder is not beside the project, when it needs arguments (a model
 directory, a text) that --args does not give it, or when it needs a Moses and
 MOSES is not set. --quick passes a script its own --quick if it has one, else
 the options in QUICK that it defines (found in its source,
-`add_argument("--lines"`); sizes a script has no option for stay as they are (bench_memory always reads the whole shared table). Exit status 1
-if any benchmark failed.
+`add_argument("--lines"`); sizes a script has no option for stay as they are
+(bench_memory always reads the whole shared table). Exit status 1 if any
+benchmark failed.
 """
 
 from __future__ import annotations
