@@ -12,11 +12,11 @@ ratio, fraction, speedup or target, beside the targets its docstring states
 ("Target: ..."). A script is skipped, not failed, when it needs ../shared/data
 and that folder is not beside the project, when it needs arguments (a model
 directory, a text) that --args does not give it, or when it needs a Moses and
-MOSES is not set. --quick passes a script its own --quick if it has one, else
-the options in QUICK that it defines (found in its source,
-`add_argument("--lines"`); sizes a script has no option for stay as they are
-(bench_memory always reads the whole shared table). Exit status 1 if any
-benchmark failed.
+MOSES is not set (or its report says `"skipped": REASON`). --quick passes a
+script its own --quick if it has one, else the options in QUICK that it
+defines (found in its source, `add_argument("--lines"`); sizes a script has no
+option for stay as they are (bench_memory always reads the whole shared
+table). Exit status 1 if any benchmark failed.
 """
 
 from __future__ import annotations
@@ -220,6 +220,8 @@ def run_script(script: Script, extra: list[str], quick: bool, timeout: float | N
     res.report = last_json_object(p.stdout)
     if res.report is None:
         res.status, res.reason = "failed", "no JSON object at the end of its output"
+    elif isinstance(res.report.get("skipped"), str):  # the script's own verdict (bench_cslm_decode without MOSES)
+        res.status, res.reason = "skipped", res.report["skipped"]
     else:
         res.status = "ok"
     return res

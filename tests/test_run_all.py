@@ -87,6 +87,10 @@ def test_run_script_quick_skip_and_failure(tmp_path):
     silent.write_text("print('done')\n")
     r = R.run_script(R.inspect_script(silent), [], quick=False, timeout=60, shared=tmp_path)
     assert r.status == "failed" and "no JSON" in r.reason
+    own = tmp_path / "bench_own.py"
+    own.write_text('import json; print(json.dumps({"model": "m", "skipped": "MOSES is not set"}))\n')
+    r = R.run_script(R.inspect_script(own), [], quick=False, timeout=60, shared=tmp_path)
+    assert (r.status, r.reason) == ("skipped", "MOSES is not set")  # the script's own verdict
 
 
 @pytest.mark.parametrize("stderr, status, reason", [
