@@ -61,6 +61,29 @@ else:  # pragma: no cover
         return await asyncio.wait_for(awaitable, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
+# A payload larger than this is read in pieces of this size into a buffer of its own (`_read_payload`).
+READ_PIECE = 1 << 16
+
+
+async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes | bytearray:
+    """A frame's payload of `length` bytes. `StreamReader.readexactly` gathers all of them in the reader's
+    buffer, then copies them out: a large frame was held twice while it was read. One larger than READ_PIECE
+    is copied piece by piece into one buffer instead, so that the reader holds no more than a piece or two
+    (and reading stops at the socket while this connection's frame waits). IncompleteReadError if the client
+    goes away first, as readexactly."""
+    if length <= READ_PIECE:
+        return await reader.readexactly(length)
+    payload = bytearray(length)
+    view, at = memoryview(payload), 0
+    while at < length:
+        piece = await reader.read(min(READ_PIECE, length - at))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"", length)  # the part read is of no use to anyone
+        view[at : at + len(piece)] = piece
+        at += len(piece)
+    return payload
+
+
 def _uncancel() -> None:
     """Forget a cancellation that was caught and acted on (Python >= 3.11 counts them)."""
     task = asyncio.current_task()
@@ -270,7 +293,7 @@ class Server:
                     raise P.ProtocolError(P.E_UNKNOWN_TYPE, f"unknown frame type 0x{type_:02x}")
                 await self._admit(conn, length)  # no deadline: the server, not the client, holds it up
                 taken = length
-                payload = await _within(reader.readexactly(length), loop.time() + cfg.frame_timeout)
+                payload = await _within(_read_payload(reader, length), loop.time() + cfg.frame_timeout)
                 conn.receiving = False
                 t0 = time.perf_counter()
                 self.stats.requests[type_] += 1
@@ -369,6 +392,7 @@ class Server:
         except Exception:  # noqa: BLE001 -- raised again by scored.result, inside _answer
             pass
         answered = self._answer(writer, rid, rows, grams, t0, scored.result)
+        rows = grams = scored = None  # while the reply waits for its client, only the reply is held
         await self._drain(writer)
         if not answered:
             writer.close()

@@ -142,6 +142,34 @@ def test_a_frame_that_stalls_is_closed_at_its_deadline(engine):  # noqa: F811
         s.stop()
 
 
+def test_a_frame_larger_than_a_read_piece_is_answered_whole_or_closed_at_its_deadline(engine):  # noqa: F811
+    """A payload over READ_PIECE is read piece by piece into one buffer (cslm.server._read_payload): sent in
+    uneven parts, it is answered as the engine answers; stalled in the middle, closed at its frame deadline;
+    cut by the client, the server serves the next one."""
+    from cslm.server import READ_PIECE
+
+    s = ServerThread(engine, cache_size=0, idle_timeout=30.0, frame_timeout=0.5)
+    try:
+        grams = random_ngrams(engine, 3 * READ_PIECE // 28 + 5, 7, seed=11)  # three pieces and a bit
+        frame = P.frame(P.SCORE, 2, P.encode_score(grams))
+        sock = raw_connection(s.port)
+        for a, b in ((0, 5), (5, P.HEADER_SIZE + 3), (P.HEADER_SIZE + 3, READ_PIECE + 17),
+                     (READ_PIECE + 17, 2 * READ_PIECE), (2 * READ_PIECE, len(frame))):
+            sock.sendall(frame[a:b])
+            time.sleep(0.02)
+        assert read_frame(sock) == (P.SCORES, 2, P.encode_scores(*engine.score_ids(grams)))
+        sock.sendall(frame[: len(frame) // 2])  # half of it, then nothing
+        assert read_frame(sock) is None
+        assert stats(s.port)["stalled"] == 1
+        sock = raw_connection(s.port)
+        sock.sendall(frame[: 2 * READ_PIECE + 3])
+        sock.close()  # gone mid-payload
+        with Client("127.0.0.1", s.port, timeout=10) as c:
+            assert np.array_equal(c.score(grams[:9])[0], engine.score_ids(grams[:9])[0])
+    finally:
+        s.stop()
+
+
 def test_connections_stalled_mid_frame_make_room_for_new_clients(engine):  # noqa: F811
     s = ServerThread(engine, max_connections=3, idle_timeout=30.0)
     try:
