@@ -386,7 +386,7 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
                    "trained with --self-norm. Default: exact log-probabilities.")
 @DEVICE
 @click.option("--threads", type=THREADS, help="CPU threads for the engine [all cores].")
-@click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening.")
+@click.option("--port-file", type=click.Path(dir_okay=False), help="Write the bound port here once listening (removed when the server stops).")
 @fail_cleanly
 def serve(model_dir, host, port, max_batch, max_delay_us, cache_size, evaluator, history_cache, precision, max_frame,
           idle_timeout, frame_timeout, max_connections, max_pending, max_conn_bytes, max_total_bytes, kenlm,

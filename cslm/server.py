@@ -488,6 +488,17 @@ def write_port_file(path: str, port: int) -> None:
         f.write(f"{port}\n".encode())
 
 
+def remove_port_file(path: str, port: int) -> None:
+    """The port file removed once the server has stopped, so that nobody waiting for one reads a port no
+    longer served; left alone if it no longer names `port` (another server's since)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read().strip() == str(port):
+                os.unlink(path)
+    except OSError:
+        pass
+
+
 async def _main(engine: Engine, cfg: ServerConfig, announce) -> dict:
     srv = Server(engine, cfg)
     port = await srv.start()
@@ -512,18 +523,24 @@ def serve(engine: Engine, cfg: ServerConfig, announce=None, name: str | None = N
     """Run the server until SIGTERM/SIGINT; return the final statistics (as the STATS request reports them).
 
     Once listening, `announce(server, port)` is called; by default, with `port_file`, the bound port is
-    written there, then the start-up line (`startup_message`, naming the model as `name`) goes to stderr.
+    written there (and the file removed when the server stops), then the start-up line (`startup_message`, naming the model as `name`) goes to stderr.
     With `summary`, the shutdown line (`shutdown_summary`) goes to stderr at the end.
     """
     if port_file:
         check_port_file(port_file)
+    written: list[int] = []
 
     def default_announce(srv, port):
         if port_file:
             write_port_file(port_file, port)
+            written.append(port)
         print(startup_message(engine, cfg.host, port, name), file=sys.stderr, flush=True)
 
-    stats = asyncio.run(_main(engine, cfg, announce or default_announce))
+    try:
+        stats = asyncio.run(_main(engine, cfg, announce or default_announce))
+    finally:
+        for port in written:
+            remove_port_file(port_file, port)
     if summary:
         print(shutdown_summary(stats), file=sys.stderr, flush=True)
     return stats

@@ -342,6 +342,7 @@ def test_sigterm_answers_every_request_read_and_exits_cleanly(cslm_model, engine
             proc.kill()
     err = proc.stderr.read()
     assert "Traceback" not in err and not errors, (err, errors)
+    assert not (tmp_path / "port").exists()  # no port file left to name a port no longer served
     # every score request the server read was answered: its own count is the clients'
     read = int(err.split(" score requests")[0].rsplit(" ", 1)[1])
     assert read == sum(answered), (read, answered, refused, err)
