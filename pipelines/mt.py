@@ -15,9 +15,11 @@
     python mt.py rerank NBEST WEIGHTS --source SRC -o OUT     # each sentence's best under them
     python mt.py json-field FILE KEY                          # one field of a step's JSON result
     python mt.py timed TIMES.tsv STEP -- COMMAND...           # run COMMAND, log its wall time
+    python mt.py with-cslm [--cslm C] [--serve-args=ARGS] MODEL PORT -- COMMAND...  # with the model's server up
     python mt.py preflight --moses DIR [--tuner T] [--cslm-systems] [--nnjm-systems]  # every tool a run needs
 
-Each job lives in its own module beside this one (corpus, ini_steps, runs, report, tuners, preflight);
+Each job lives in its own module beside this one (corpus, ini_steps, runs, report, tuners, preflight,
+cslm_server);
 this file only reads the command line. Every output is written atomically (a temporary file renamed
 on success), so make never sees a half-written file.
 """
@@ -25,6 +27,7 @@ on success), so make never sees a half-written file.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -32,6 +35,7 @@ from mtcommon.errors import UserError
 from mtcommon.textio import iter_lines
 
 import corpus
+import cslm_server
 import files
 import ini_steps
 import preflight
@@ -67,6 +71,13 @@ def _timed(a) -> None:
     if not command:
         raise SystemExit("mt.py timed: no command")
     sys.exit(runs.timed(a.times, a.step, command))
+
+
+def _with_cslm(a) -> None:
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command or command[0].startswith("-"):
+        raise SystemExit("mt.py with-cslm: give the options before MODEL PORT, then -- and the command")
+    sys.exit(cslm_server.with_server(a.model, a.port, command, a.cslm, shlex.split(a.serve_args), a.wait))
 
 
 def _preflight(a) -> None:
@@ -203,6 +214,16 @@ def main(argv=None) -> None:
     a.add_argument("file")
     a.add_argument("key")
     a.set_defaults(fn=lambda a: print(files.json_field(a.file, a.key)))
+    a = sub.add_parser("with-cslm", help="run a command with `cslm serve MODEL --port PORT` up, one server shared "
+                                          "by the commands that run at the same time (cslm_server.py)")
+    a.add_argument("model")
+    a.add_argument("port", type=int)
+    a.add_argument("--cslm", default="cslm", help="the cslm executable")
+    a.add_argument("--serve-args", default="", help="more options for `cslm serve`, as one string "
+                                                     "(--serve-args='--self-normalized ...')")
+    a.add_argument("--wait", type=float, default=300.0, help="seconds the server may take to listen")
+    a.add_argument("command", nargs=argparse.REMAINDER, help="-- and the command, after MODEL PORT")
+    a.set_defaults(fn=_with_cslm)
     a = sub.add_parser("timed")
     a.add_argument("times", help="the TSV file the step's seconds are appended to")
     a.add_argument("step")

@@ -92,7 +92,7 @@ def test_dry_run_shows_the_whole_plan(tmp_path, shared_data):
     # the longest chain first: the RNN trains as soon as the phrase table exists
     assert plan.index("moses-rnn train") < plan.index("cslm train") < plan.index("mert-moses.pl")
     # the default: the CSLM evaluated inside Moses, no server
-    assert "with-cslm.sh" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
+    assert "with-cslm" not in plan and "CSLM name=CSLM0 order=7 path=" in plan and "port=" not in plan
     # the CSLM interpolated with KenLM: the weight estimated on dev, the perplexities measured on test
     w = tmp_path / "w"
     assert f"cslm mix {w}/cslm/model {w}/data/dev.fr --kenlm {w}/lm/lm.fr.blm > {w}/cslm/mix.json.tmp" in plan
@@ -410,7 +410,8 @@ def test_dry_run_server_mode(tmp_path, shared_data):
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), DATA=str(shared_data / "en-fr"),
               CSLM_MODE="server")
     assert r.returncode == 0, r.stderr
-    assert "with-cslm.sh" in r.stdout and "port=5107" in r.stdout and "buffer=65536" in r.stdout
+    assert "mt.py with-cslm" in r.stdout and "port=5107" in r.stdout and "buffer=65536" in r.stdout
+    assert '--serve-args="--self-normalized" ' in r.stdout and "/cslm/model 5107 -- " in r.stdout
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), CSLM_MODE="gpu")
     assert r.returncode != 0 and "CSLM_MODE must be local or server" in r.stderr
 
@@ -428,7 +429,7 @@ def test_dry_run_cslm_precision(tmp_path, shared_data):
     assert "precision=" not in plan["fp32", "local"] and "--precision" not in plan["fp32", "local"]
     assert "path=" + str(tmp_path / "w" / "cslm" / "model") + " precision=int8" in plan["int8", "local"]
     assert "path=" + str(tmp_path / "w" / "nnjm" / "model") + " precision=int8" in plan["int8", "local"]
-    assert 'CSLM_SERVE_ARGS="--self-normalized --precision int8"' in plan["int8", "server"]
+    assert '--serve-args="--self-normalized --precision int8"' in plan["int8", "server"]
     r = _make("-n", MOSES="/opt/mosesdecoder", WORK=str(tmp_path / "w"), CSLM_PRECISION="int4")
     assert r.returncode != 0 and "CSLM_PRECISION must be fp32 or int8, not int4" in r.stderr
 
