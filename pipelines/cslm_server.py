@@ -3,7 +3,7 @@
 `with_server(model, port, command)` runs `command` with `cslm serve MODEL --port PORT` up for its
 duration. Under `make -j` several such commands run at once (two tunings, a tuning and a decoding):
 they share one server, the model being the same. The first starts it, the last stops it, and each
-keeps a count in a state file beside the model, under an exclusive lock:
+notes itself in a state file beside the model, under an exclusive lock:
 
     MODEL.serve.lock   flock(2) held while the state is read and written (never while a command runs)
     MODEL.serve.json   {"pid": the server's, "port": PORT, "users": [the pids of the wrappers using it]}
@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mtcommon.errors import UserError
+
+from runs import signals_noted
 
 # seconds a stopping server is given to answer what it has read before it is killed
 STOP_SECONDS = 60.0
@@ -181,22 +183,10 @@ def with_server(model: str, port: int, command: list[str], cslm: str = "cslm", s
     SIGHUP reach the command as they reach this process (the process group's); this one waits for the
     command, then leaves the server (128 + the signal is returned)."""
     server = SharedServer(model, port, cslm, serve_args, wait)
-    stopped: list[int] = []
-
-    def stop(signum, _frame):
-        stopped.append(signum)
-
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
+    with signals_noted() as stopped:
         server.acquire()
-        if stopped:
-            server.release()
-            return 128 + stopped[0]
         try:
-            rc = subprocess.call(command)
+            rc = subprocess.call(command) if not stopped else 0
         finally:
             server.release()
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
     return 128 + stopped[0] if stopped else rc

@@ -7,6 +7,7 @@ import signal
 import statistics
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from mtcommon.textio import iter_lines
@@ -56,6 +57,25 @@ def pooled_outputs(work: Path, system: str, tuner: str) -> list[list[str]]:
     return [read_lines(p) for p in runs if p.exists()]
 
 
+@contextmanager
+def signals_noted():
+    """While a command runs: SIGTERM, SIGINT and SIGHUP noted, not acted on. They reach the process group
+    (Ctrl-C, the group killed at a sitting's end), so the command gets them as this process does; this
+    one waits for the command to finish its own clean-up, not passing them on (a second signal could cut
+    that short). Yields the list of the signals received; the old handlers come back after."""
+    stopped: list[int] = []
+
+    def stop(signum, _frame):
+        stopped.append(signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield stopped
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def timed(times: str, step: str, command: list[str]) -> int:
     """Run `command` (stdin, stdout and stderr inherited) and append "STEP<TAB>seconds<TAB>start"
     to `times` (start: seconds since the epoch, for the run's wall time, `wall_seconds`) when it
@@ -65,14 +85,8 @@ def timed(times: str, step: str, command: list[str]) -> int:
     counts in the wall time, not in the step's medians. Returns the command's status (128 + the
     signal when interrupted)."""
     start, wall_start = time.monotonic(), time.time()
-    stopped: list[int] = []
-
-    def stop(signum, _frame):  # not passed on: a second signal could cut short the command's clean-up
-        stopped.append(signum)
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, stop)
-    rc = subprocess.call(command)
+    with signals_noted() as stopped:
+        rc = subprocess.call(command)
     mark = "\tinterrupted" if stopped else ""
     if rc == 0 or stopped:
         with open(times, "a", encoding="utf-8") as f:  # one short line: an atomic append
