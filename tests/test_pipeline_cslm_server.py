@@ -18,6 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MT = ROOT / "pipelines" / "mt.py"
+sys.path.insert(0, str(ROOT / "pipelines"))
+import cslm_server  # noqa: E402
+from cslm_server import answers  # noqa: E402
 
 FAKE = textwrap.dedent("""\
     import os, signal, socket, sys
@@ -42,14 +45,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -162,9 +157,6 @@ def test_the_commands_status_is_returned(tmp_path, fake):
 
 
 def test_a_server_deaf_to_sigterm_is_killed(tmp_path, fake, monkeypatch):
-    sys.path.insert(0, str(ROOT / "pipelines"))
-    import cslm_server
-
     fake.write_text(f"#!{sys.executable}\nimport signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + FAKE
                     .replace('signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))', ''))
     monkeypatch.setenv("FAKE_STARTS", str(tmp_path / "starts"))
