@@ -69,8 +69,8 @@ async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes | by
     """A frame's payload of `length` bytes. `StreamReader.readexactly` gathers all of them in the reader's
     buffer, then copies them out: a large frame was held twice while it was read. One larger than READ_PIECE
     is copied piece by piece into one buffer instead, so that the reader holds no more than a piece or two
-    (and reading stops at the socket while this connection's frame waits). IncompleteReadError if the client
-    goes away first, as readexactly."""
+    (the rest waits in the socket until it is read). IncompleteReadError if the client goes away first, as
+    readexactly."""
     if length <= READ_PIECE:
         return await reader.readexactly(length)
     payload = bytearray(length)
@@ -523,8 +523,9 @@ def serve(engine: Engine, cfg: ServerConfig, announce=None, name: str | None = N
     """Run the server until SIGTERM/SIGINT; return the final statistics (as the STATS request reports them).
 
     Once listening, `announce(server, port)` is called; by default, with `port_file`, the bound port is
-    written there (and the file removed when the server stops), then the start-up line (`startup_message`, naming the model as `name`) goes to stderr.
-    With `summary`, the shutdown line (`shutdown_summary`) goes to stderr at the end.
+    written there (and the file removed when the server stops), then the start-up line (`startup_message`,
+    naming the model as `name`) goes to stderr. With `summary`, the shutdown line (`shutdown_summary`) goes
+    to stderr at the end.
     """
     if port_file:
         check_port_file(port_file)
