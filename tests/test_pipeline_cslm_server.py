@@ -6,6 +6,8 @@ and stops on SIGTERM, so that what is tested is the sharing, not the model."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +36,8 @@ FAKE = textwrap.dedent("""\
     s.listen(16)
     with open(os.environ["FAKE_STARTS"], "a") as f:
         f.write(" ".join(sys.argv[1:]) + "\\n")
+    with open(os.environ["FAKE_STARTS"] + ".pids", "a") as f:
+        f.write(f"{os.getpid()}\\n")
     print("serving", flush=True)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     while True:
@@ -53,7 +57,14 @@ def fake(tmp_path):
     exe.write_text(f"#!{sys.executable}\n" + FAKE)
     exe.chmod(0o755)
     (tmp_path / "model").mkdir()
-    return exe
+    yield exe
+    pids = tmp_path / "starts.pids"  # a failed test leaves no server behind
+    for pid in pids.read_text().split() if pids.exists() else []:
+        try:
+            if str(tmp_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():  # that fake, not a pid reused
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def with_cslm(tmp_path, fake, port, *command, serve_args="--self-normalized", **kw):
@@ -126,10 +137,12 @@ def test_a_server_whose_wrappers_were_killed_is_joined_and_stopped(tmp_path, fak
     """SIGKILL leaves no chance to leave the server: the next command joins it (its users, by pid, are
     gone) and, being its only live user, stops it."""
     port = free_port()
-    until_orphaned = "import os, time\nparent = os.getppid()\nwhile os.getppid() == parent:\n    time.sleep(0.05)\n"
+    running = tmp_path / "running"  # the command runs, a child of the wrapper: it stops once orphaned
+    until_orphaned = (f"import os, time\nparent = os.getppid()\nopen({str(running)!r}, 'w').close()\n"
+                      f"while os.getppid() == parent:\n    time.sleep(0.05)\n")
     killed = with_cslm(tmp_path, fake, port, sys.executable, "-c", until_orphaned)
     deadline = time.monotonic() + 30
-    while not (tmp_path / "model.serve.json").exists():  # the server up and its user noted
+    while not running.exists():  # the server up, its user noted, the command started
         assert time.monotonic() < deadline and killed.poll() is None, killed.communicate()
         time.sleep(0.05)
     killed.kill()
