@@ -6,7 +6,8 @@ they share one server, the model being the same. The first starts it, the last s
 notes itself in a state file beside the model, under an exclusive lock:
 
     MODEL.serve.lock   flock(2) held while the state is read and written (never while a command runs)
-    MODEL.serve.json   {"pid": the server's, "port": PORT, "users": [the pids of the wrappers using it]}
+    MODEL.serve.json   {"pid": the server's, "port": PORT, "users": [the pids of the wrappers using it],
+                        "model": the model directory's files (name, size, time) when it started}
     MODEL.serve.log    the server's output
 
 A server started per command would not work: the second one cannot bind the port, and the second
@@ -14,7 +15,8 @@ command would decode against the first one's server, which stops when the first 
 port already taken by another program is refused in one line, before the command runs: a decoder
 must not send its n-grams to something else. Users are counted by process id, so that a wrapper
 killed outright (SIGKILL) does not keep the server up for ever: the last live one stops it, and a
-server whose wrappers all died is joined by the next run, which stops it in turn. A state file
+server whose wrappers all died is joined by the next run, which stops it in turn, unless the model
+changed since it started (trained again): then it is stopped and a new one started. A state file
 whose server is gone is replaced.
 """
 
@@ -131,12 +133,28 @@ class SharedServer:
             time.sleep(0.2)
         return proc.pid
 
+    def _model_files(self) -> list:
+        """What the model directory holds now: [name, size, modification time] of each file ([] if it cannot be
+        read: the server then says what is wrong with it)."""
+        try:
+            entries = sorted(os.scandir(self.model), key=lambda e: e.name)
+            return [[e.name, e.stat().st_size, e.stat().st_mtime_ns] for e in entries if e.is_file()]
+        except OSError:
+            return []
+
     def acquire(self) -> None:
-        """Join the running server, or start one."""
+        """Join the running server, or start one. A server of the model as it was before it changed is stopped
+        first when nobody uses it (UserError while someone does)."""
         with self._locked():
-            state = self._state()
+            state, model = self._state(), self._model_files()
+            if state is not None and state.get("model") != model:
+                if state["users"]:
+                    raise UserError(f"{self.model} changed while its server (pid {state['pid']}, port {self.port}) "
+                                    f"serves other commands: let them finish, then run this again")
+                self._stop(int(state["pid"]))
+                state = None
             if state is None:
-                state = {"pid": self._start(), "port": self.port, "users": []}
+                state = {"pid": self._start(), "port": self.port, "users": [], "model": model}
             state["users"].append(os.getpid())
             self._write(state)
 
@@ -151,15 +169,18 @@ class SharedServer:
             if state["users"]:
                 self._write(state)
                 return
-            pid = int(state["pid"])
-            for sig, seconds in ((signal.SIGTERM, STOP_SECONDS), (signal.SIGKILL, 10.0)):  # SIGKILL if SIGTERM is
-                try:                                                                       # not heeded in time
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
-                if self._stopped(pid, time.monotonic() + seconds):
-                    break
+            self._stop(int(state["pid"]))
             self.state_path.unlink(missing_ok=True)
+
+    def _stop(self, pid: int) -> None:
+        """Stop the server `pid`: SIGTERM, then SIGKILL if it has not stopped within STOP_SECONDS."""
+        for sig, seconds in ((signal.SIGTERM, STOP_SECONDS), (signal.SIGKILL, 10.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            if self._stopped(pid, time.monotonic() + seconds):
+                break
 
     @staticmethod
     def _stopped(pid: int, deadline: float) -> bool:

@@ -74,6 +74,20 @@ def with_cslm(tmp_path, fake, port, *command, serve_args="--self-normalized", **
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 
+def kill_a_wrapper(tmp_path, fake, port) -> None:
+    """A wrapper killed outright (SIGKILL) while its command runs: its server outlives it."""
+    running = tmp_path / "running"  # the command runs, a child of the wrapper: it stops once orphaned
+    until_orphaned = (f"import os, time\nparent = os.getppid()\nopen({str(running)!r}, 'w').close()\n"
+                      f"while os.getppid() == parent:\n    time.sleep(0.05)\n")
+    killed = with_cslm(tmp_path, fake, port, sys.executable, "-c", until_orphaned)
+    deadline = time.monotonic() + 30
+    while not running.exists():  # the server up, its user noted, the command started
+        assert time.monotonic() < deadline and killed.poll() is None, killed.communicate()
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait()
+
+
 def test_commands_at_once_share_one_server_which_stops_after_the_last(tmp_path, fake):
     """The second command joins the first one's server and still has it after the first has ended; the
     server stops with the last command and its state file goes with it."""
@@ -137,16 +151,7 @@ def test_a_server_whose_wrappers_were_killed_is_joined_and_stopped(tmp_path, fak
     """SIGKILL leaves no chance to leave the server: the next command joins it (its users, by pid, are
     gone) and, being its only live user, stops it."""
     port = free_port()
-    running = tmp_path / "running"  # the command runs, a child of the wrapper: it stops once orphaned
-    until_orphaned = (f"import os, time\nparent = os.getppid()\nopen({str(running)!r}, 'w').close()\n"
-                      f"while os.getppid() == parent:\n    time.sleep(0.05)\n")
-    killed = with_cslm(tmp_path, fake, port, sys.executable, "-c", until_orphaned)
-    deadline = time.monotonic() + 30
-    while not running.exists():  # the server up, its user noted, the command started
-        assert time.monotonic() < deadline and killed.poll() is None, killed.communicate()
-        time.sleep(0.05)
-    killed.kill()
-    killed.wait()
+    kill_a_wrapper(tmp_path, fake, port)
     assert answers(port)  # the server outlived its wrapper
     p = with_cslm(tmp_path, fake, port, sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}))")
     assert p.wait(60) == 0, p.communicate()
@@ -180,3 +185,36 @@ def test_a_server_deaf_to_sigterm_is_killed(tmp_path, fake, monkeypatch):
     pid = json.loads((tmp_path / "model.serve.json").read_text())["pid"]
     server.release()
     assert not cslm_server._alive(pid) and not answers(port) and not (tmp_path / "model.serve.json").exists()
+
+
+def test_a_leftover_server_of_a_model_trained_again_is_replaced(tmp_path, fake):
+    """A server whose wrappers were killed is joined only if its model is as it was when it started: after
+    the model changed (trained again), it is stopped and a new one started."""
+    port = free_port()
+    kill_a_wrapper(tmp_path, fake, port)
+    old_pid = json.loads((tmp_path / "model.serve.json").read_text())["pid"]
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"new weights")
+    p = with_cslm(tmp_path, fake, port, sys.executable, "-c", "pass")
+    assert p.wait(60) == 0, p.communicate()
+    assert len((tmp_path / "starts").read_text().splitlines()) == 2 and not cslm_server._alive(old_pid)
+    assert not answers(port) and not (tmp_path / "model.serve.json").exists()
+
+
+def test_a_model_changed_under_a_server_in_use_is_refused(tmp_path, fake):
+    port = free_port()
+    go = tmp_path / "go"
+    first = with_cslm(tmp_path, fake, port, sys.executable, "-c",
+                      f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n")
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "model.serve.json").exists():
+            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
+            time.sleep(0.05)
+        (tmp_path / "model" / "model.safetensors").write_bytes(b"new weights")
+        second = with_cslm(tmp_path, fake, port, sys.executable, "-c", "open('ran', 'w')", cwd=tmp_path)
+        out, err = second.communicate(timeout=60)
+    finally:
+        go.touch()  # the first command ends whatever happened
+    assert first.wait(60) == 0 and second.returncode == 1 and not (tmp_path / "ran").exists()
+    assert "changed while its server" in err and "let them finish, then run this again" in err
+    assert not answers(port)
