@@ -99,7 +99,7 @@ def decode_score(payload: bytes, order: int, vocab_size: int) -> np.ndarray:
     if count and int(ids.max()) >= vocab_size:
         raise ProtocolError(E_BAD_REQUEST, f"word id {int(ids.max())} outside the vocabulary (size {vocab_size})")
     # every id below the vocabulary's size, so below 2**31: the payload read as int32 in place, not copied
-    # (read-only, alive as long as the rows)
+    # (a view of the payload, alive as long as the rows)
     return ids.view("<i4")
 
 
