@@ -66,17 +66,21 @@ def _best_iteration(a) -> None:
     print(best)
 
 
-def _timed(a) -> None:
+def _command(a, usage: str, options_after: bool = False) -> list[str]:
+    """The command that follows a subcommand's own arguments (and its `--`); SystemExit with `usage` if there
+    is none (or, with `options_after`, if it starts with an option: one of the subcommand's, given too late)."""
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
-    if not command:
-        raise SystemExit("mt.py timed: no command")
-    sys.exit(runs.timed(a.times, a.step, command))
+    if not command or (options_after and command[0].startswith("-")):
+        raise SystemExit(f"mt.py {a.cmd}: {usage}")
+    return command
+
+
+def _timed(a) -> None:
+    sys.exit(runs.timed(a.times, a.step, _command(a, "no command")))
 
 
 def _with_cslm(a) -> None:
-    command = a.command[1:] if a.command[:1] == ["--"] else a.command
-    if not command or command[0].startswith("-"):
-        raise SystemExit("mt.py with-cslm: give the options before MODEL PORT, then -- and the command")
+    command = _command(a, "give the options before MODEL PORT, then -- and the command", options_after=True)
     sys.exit(cslm_server.with_server(a.model, a.port, command, a.cslm, shlex.split(a.serve_args), a.wait))
 
 

@@ -74,16 +74,21 @@ def with_cslm(tmp_path, fake, port, *command, serve_args="--self-normalized", **
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
 
 
+def wait_for(path: Path, wrapper: subprocess.Popen) -> None:
+    """Until `path` exists, while `wrapper` runs (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline and wrapper.poll() is None, wrapper.communicate()
+        time.sleep(0.05)
+
+
 def kill_a_wrapper(tmp_path, fake, port) -> None:
     """A wrapper killed outright (SIGKILL) while its command runs: its server outlives it."""
     running = tmp_path / "running"  # the command runs, a child of the wrapper: it stops once orphaned
     until_orphaned = (f"import os, time\nparent = os.getppid()\nopen({str(running)!r}, 'w').close()\n"
                       f"while os.getppid() == parent:\n    time.sleep(0.05)\n")
     killed = with_cslm(tmp_path, fake, port, sys.executable, "-c", until_orphaned)
-    deadline = time.monotonic() + 30
-    while not running.exists():  # the server up, its user noted, the command started
-        assert time.monotonic() < deadline and killed.poll() is None, killed.communicate()
-        time.sleep(0.05)
+    wait_for(running, killed)  # the server up, its user noted, the command started
     killed.kill()
     killed.wait()
 
@@ -95,10 +100,7 @@ def test_commands_at_once_share_one_server_which_stops_after_the_last(tmp_path, 
     probe = (f"import socket, time\nfor i in range(8):\n"
              f"    socket.create_connection(('127.0.0.1', {port}), timeout=1).close(); time.sleep(0.25)\n")
     first = with_cslm(tmp_path, fake, port, sys.executable, "-c", "import time; time.sleep(0.8)")
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "model.serve.json").exists():  # the first has its server
-        assert time.monotonic() < deadline and first.poll() is None, first.communicate()
-        time.sleep(0.05)
+    wait_for(tmp_path / "model.serve.json", first)  # the first has its server
     second = with_cslm(tmp_path, fake, port, sys.executable, "-c", probe)
     assert first.wait(60) == 0, first.communicate()
     assert second.wait(60) == 0, second.communicate()  # reached the server 8 times over 2 s
@@ -206,10 +208,7 @@ def test_a_model_changed_under_a_server_in_use_is_refused(tmp_path, fake):
     first = with_cslm(tmp_path, fake, port, sys.executable, "-c",
                       f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\n")
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "model.serve.json").exists():
-            assert time.monotonic() < deadline and first.poll() is None, first.communicate()
-            time.sleep(0.05)
+        wait_for(tmp_path / "model.serve.json", first)
         (tmp_path / "model" / "model.safetensors").write_bytes(b"new weights")
         second = with_cslm(tmp_path, fake, port, sys.executable, "-c", "open('ran', 'w')", cwd=tmp_path)
         out, err = second.communicate(timeout=60)
