@@ -138,9 +138,22 @@ def decode_score_text(payload: bytes, order: int) -> list[list[str]]:
     return grams
 
 
+def scores_frame(request_id: int, logp: np.ndarray, flags: np.ndarray) -> bytearray:
+    """A whole SCORES frame (header, count, float32 scores, uint8 flags) built in one buffer: the scores and
+    flags are copied once, into their place, where joining their encodings made three copies of a reply."""
+    count = len(logp)
+    at = HEADER_SIZE + 4
+    buf = bytearray(at + 5 * count)
+    HEADER.pack_into(buf, 0, 4 + 5 * count, SCORES, 0, 0, request_id)
+    struct.pack_into("<I", buf, HEADER_SIZE, count)
+    np.frombuffer(buf, "<f4", count, at)[:] = logp
+    np.frombuffer(buf, np.uint8, count, at + 4 * count)[:] = flags
+    return buf
+
+
 def encode_scores(logp: np.ndarray, flags: np.ndarray) -> bytes:
-    return (struct.pack("<I", len(logp)) + np.ascontiguousarray(logp, dtype="<f4").tobytes()
-            + np.ascontiguousarray(flags, dtype=np.uint8).tobytes())
+    """The payload of a SCORES frame (`scores_frame` without its header)."""
+    return bytes(memoryview(scores_frame(0, logp, flags))[HEADER_SIZE:])
 
 
 def decode_scores(payload: bytes) -> tuple[np.ndarray, np.ndarray]:

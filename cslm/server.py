@@ -413,7 +413,7 @@ class Server:
             self._error_now(writer, rid, P.E_INTERNAL, f"scoring failed: {e}")
             return False
         self.stats.ngrams += len(rows)
-        writer.write(P.frame(P.SCORES, rid, P.encode_scores(logp, flags)))
+        writer.write(P.scores_frame(rid, logp, flags))
         self.stats.latencies.append(time.perf_counter() - t0)
         return True
 

@@ -131,6 +131,17 @@ def test_server_answers_equal_the_engine(server, engine, n):  # noqa: F811
         assert np.array_equal(tlp, want[:200]) and np.array_equal(tfl, want_flags[:200])
 
 
+def test_a_scores_frame_is_laid_out_as_specified():
+    """docs/cslm.md: header (length, type, flags, reserved, id), then count, float32 scores, uint8 flags."""
+    logp = np.array([-1.5, -0.25, -7.0], np.float64)  # converted to float32 on the wire
+    flags = np.array([0, P.UNKNOWN, P.BACKOFF], np.uint8)
+    frame = bytes(P.scores_frame(42, logp, flags))
+    assert frame == struct.pack("<IBBHII3f3B", 4 + 5 * 3, P.SCORES, 0, 0, 42, 3, *logp, *flags)
+    assert P.decode_scores(frame[P.HEADER_SIZE:]) == (pytest.approx(logp), pytest.approx(flags))
+    assert P.encode_scores(logp, flags) == frame[P.HEADER_SIZE:]
+    assert bytes(P.scores_frame(7, logp[:0], flags[:0])) == struct.pack("<IBBHII", 4, P.SCORES, 0, 0, 7, 0)
+
+
 def test_cache_hits_return_the_same_numbers(engine):  # noqa: F811
     grams = random_ngrams(engine, 400, 7, seed=7)
     server = ServerThread(engine, cache_size=100_000)
