@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from moses_rnn.cli import main
-from moses_rnn.generation.generate import Generator, max_words, read_sources
+from moses_rnn.generation.generate import Generator, largest, max_words, read_sources
 from moses_rnn.networks import ARCHS
 from moses_rnn.networks.modelbase import ModelConfig
 from moses_rnn.networks.modelio import LoadedModel, build_model
@@ -86,6 +86,23 @@ def greedy(gen: Generator, source: str, limit: int) -> list[str]:
             e_prev = embed(torch.tensor([y]))
     return words
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_context_row_serves_a_group_of_states_as_its_copies_would(arch):
+    """step_readout with one context row per K consecutive states (beam search, sampling) gives what
+    it gives with the context copied for each state."""
+    loaded = random_loaded(arch, seed=4)
+    gen, model, K = Generator(loaded), loaded.model, 3
+    ctx, _ = gen._encode(SOURCES)
+    copies = ctx.select(torch.arange(len(SOURCES)).repeat_interleave(K))
+    state = torch.randn(len(SOURCES) * K, loaded.config.hidden)
+    e_prev = torch.randn(len(SOURCES) * K, loaded.config.embed)
+    with torch.no_grad():
+        shared = model.step_readout(ctx, state, e_prev)
+        copied = model.step_readout(copies, state, e_prev)
+    for a, b in zip(shared, copied):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_beam_of_one_is_greedy(arch):
@@ -154,6 +171,22 @@ def test_beam_search_ranks_words_the_same_a_block_of_rows_at_a_time(arch):
     for a, b in zip(whole, blocks):
         assert [h.text for h in a] == [h.text for h in b]
         assert np.allclose([h.log_prob for h in a], [h.log_prob for h in b], atol=1e-6)
+
+
+@pytest.mark.parametrize("V, n", [(8000, 12), (8000, 1), (3000, 7), (700, 12), (5, 3)])
+def test_largest_ranks_only_the_chunks_that_can_hold_the_top_and_finds_it(V, n):
+    """`largest` returns the values and columns `topk` does, also where a row's best values crowd one
+    chunk, tie, sit in the columns after the last whole chunk, or the row is too short to chunk."""
+    torch.manual_seed(V + n)
+    x = torch.randn(40, V)
+    x[1, 64:64 + 2 * n] += 10.0  # one chunk holds the whole top
+    x[2] = x[2].round()  # many ties
+    x[3, -3:] += 10.0  # the best after the last whole chunk
+    top, cols = largest(x, n)
+    want = x.topk(n, dim=1).values
+    assert torch.equal(top.sort(dim=1, descending=True).values, want)
+    assert torch.equal(x.gather(1, cols), top)
+    assert all(len(set(r)) == n for r in cols.tolist())  # n distinct columns a row
 
 
 @pytest.mark.parametrize("t, allow_unk, block_bytes", [(0, False, 1), (0, True, 1 << 22), (3, False, 1 << 22), (3, True, 1)])

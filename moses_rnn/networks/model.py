@@ -92,12 +92,12 @@ class Decoder(nn.Module):
         return DecoderContext(torch.tanh(self.V(c)), self.C(c), self.O_c(c))
 
     def step(self, x: torch.Tensor, h: torch.Tensor, Cc: torch.Tensor) -> torch.Tensor:
-        """One GRU step. x = W' e(y_{t-1}) [B, 3H], h = h'_{t-1}, Cc = C c -> h'_t."""
+        """One GRU step. x = W' e(y_{t-1}) [..., 3H], h = h'_{t-1}, Cc = C c (broadcast) -> h'_t."""
         H = self.hidden
         u = self.U(h)
-        z = torch.sigmoid(x[:, H : 2 * H] + u[:, H : 2 * H] + Cc[:, H : 2 * H])  # update gate z'
-        r = torch.sigmoid(x[:, 2 * H :] + u[:, 2 * H :] + Cc[:, 2 * H :])  # reset gate r'
-        h_tilde = torch.tanh(x[:, :H] + r * (u[:, :H] + Cc[:, :H]))  # r' ⊙ [U' h' + C c]
+        z = torch.sigmoid(x[..., H : 2 * H] + u[..., H : 2 * H] + Cc[..., H : 2 * H])  # update gate z'
+        r = torch.sigmoid(x[..., 2 * H :] + u[..., 2 * H :] + Cc[..., 2 * H :])  # reset gate r'
+        h_tilde = torch.tanh(x[..., :H] + r * (u[..., :H] + Cc[..., :H]))  # r' ⊙ [U' h' + C c]
         return z * h + (1.0 - z) * h_tilde
 
     def readout(self, h: torch.Tensor, e_prev: torch.Tensor, Oc: torch.Tensor) -> torch.Tensor:
@@ -163,8 +163,11 @@ class EncoderDecoder(PhraseModel):
     def step_readout(self, ctx: DecoderContext, h: torch.Tensor, e_prev: torch.Tensor):
         """One decoding step: (maxout s_t of y_t, h'_t) from h'_{t-1} and e(y_{t-1}) (zeros for t = 1)."""
         d = self.decoder
-        h = d.step(d.W(e_prev), h, ctx.Cc)
-        return d.readout(h, e_prev, ctx.Oc), h
+        N, B = h.shape[0], ctx.Cc.shape[0]
+        # a context row per group of N / B state rows (`PhraseModel.step_readout`): broadcast, not copied
+        h, e_prev = h.reshape(B, -1, h.shape[-1]), e_prev.reshape(B, -1, e_prev.shape[-1])
+        h = d.step(d.W(e_prev), h, ctx.Cc[:, None])
+        return d.readout(h, e_prev, ctx.Oc[:, None]).view(N, -1), h.view(N, -1)
 
     def readout_states(self, ctx: DecoderContext, tgt: torch.Tensor) -> torch.Tensor:
         """Teacher-forced maxout outputs s_t [B, T, M]; `tgt` holds the target words then </s>."""

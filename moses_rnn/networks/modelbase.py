@@ -206,12 +206,17 @@ class PhraseModel(nn.Module, ABC):
     @abstractmethod
     def step_readout(self, ctx: Context, state: torch.Tensor,
                      e_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the maxout output s_t of y_t [B, M], the next state [B, H]) from the state before y_t
-        and e_prev = the embedding of y_{t-1} [B, E] (zeros for t = 1): `output.logits(s_t)` are
-        y_t's logits, which a caller may compute a few rows at a time (beam search does)."""
+        """(the maxout output s_t of y_t [N, M], the next state [N, H]) from the state before y_t
+        and e_prev = the embedding of y_{t-1} [N, E] (zeros for t = 1): `output.logits(s_t)` are
+        y_t's logits, which a caller may compute a few rows at a time (beam search does).
+
+        ctx holds B = N / G rows: context row b serves the G consecutive state rows b*G .. b*G+G-1
+        (G = 1: one each; G = K: the K hypotheses of a source's beam, which share its context
+        without copies of it)."""
 
     def step(self, ctx: Context, state: torch.Tensor, e_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits of y_t [B, V], the next state [B, H]): `step_readout` through the output layer."""
+        """(logits of y_t [N, V], the next state [N, H]): `step_readout` through the output layer (its rows
+        as there: a context row may serve a group of state rows)."""
         s, state = self.step_readout(ctx, state, e_prev)
         return self.output.logits(s), state
 

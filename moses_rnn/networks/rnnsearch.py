@@ -105,13 +105,17 @@ class AttentionDecoder(nn.Module):
         self.hidden, self.maxout = H, M
 
     def attend(self, ctx: AttentionContext, s_prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """alpha_i [B, T] and c_i [B, 2H] from s_{i-1} [B, H] (A.1.2)."""
-        # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  [B, T]; tanh in place: one [B, T, A] tensor, not two
-        e = self.v_a(torch.tanh_(self.W_a(s_prev)[:, None, :] + ctx.keys)).squeeze(-1)
-        e = e.masked_fill(~ctx.mask, -math.inf)  # padded positions get no weight
+        """alpha_i [N, T] and c_i [N, 2H] from s_{i-1} [N, H] (A.1.2). ctx holds B = N / G sources, each
+        attended by G consecutive states (G = 1 in training; a beam's hypotheses in beam search), which
+        read its keys and annotations where they are, without a copy per state."""
+        B, T = ctx.mask.shape
+        q = self.W_a(s_prev).view(B, -1, 1, self.W_a.out_features)  # W_a s_{i-1}  [B, G, 1, A]
+        # e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)  [B, G, T]; tanh in place: one [B, G, T, A] tensor, not two
+        e = self.v_a(torch.tanh_(q + ctx.keys[:, None])).squeeze(-1)
+        e = e.masked_fill(~ctx.mask[:, None], -math.inf)  # padded positions get no weight
         alpha = torch.softmax(e, dim=-1)
-        c = torch.bmm(alpha[:, None, :], ctx.annotations).squeeze(1)  # c_i = sum_j alpha_ij h_j
-        return alpha, c
+        c = torch.bmm(alpha, ctx.annotations)  # c_i = sum_j alpha_ij h_j  [B, G, 2H]
+        return alpha.view(-1, T), c.view(-1, c.shape[-1])
 
     def gru(self, x: torch.Tensor, s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         """s_i from x = W E y_{i-1} [B, 3H], s = s_{i-1}, c = c_i (A.2.2)."""
