@@ -21,6 +21,8 @@ from mtcommon.cliutil import run_script
 
 CHILD = """
 import resource, sys
+from mtcommon.allocator import reuse_freed_memory
+reuse_freed_memory()  # as the command line does
 from moses_rnn.scoring.scorer import PhraseScorer
 from moses_rnn.scoring.table import default_workers, score_table
 from mtcommon.runtime import configure_threads, resolve_device

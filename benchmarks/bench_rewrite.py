@@ -22,6 +22,7 @@ from common import emit, require_shared, table_slice, untrained_model_dir, workd
 from moses_rnn.scoring.table import score_table, setup_scoring
 from mtcommon.textio import open_input
 from mtcommon.outputs import atomic_output
+from mtcommon.allocator import reuse_freed_memory
 from mtcommon.cliutil import run_script
 
 
@@ -36,6 +37,7 @@ def main():
     if args.quick:
         args.lines, args.repeats = 100_000, 1
     require_shared()
+    reuse_freed_memory()  # as the command line does
     tmp = workdir()
     table = table_slice(args.lines, tmp)
     model_dir = untrained_model_dir("tiny", table, tmp)

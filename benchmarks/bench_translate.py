@@ -30,6 +30,7 @@ import torch
 from moses_rnn.generation.generate import Generator
 from moses_rnn.generation.translate import translate_lines
 from moses_rnn.networks.modelio import load_model
+from mtcommon.allocator import reuse_freed_memory
 from mtcommon.runtime import configure_threads
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,6 +62,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if not Path(a.input).exists():
         raise SystemExit(f"{a.input}: no such file (benchmarks read ../shared/data beside the project by default)")
+    reuse_freed_memory()  # as the command line does
     configure_threads(torch.device("cpu"), a.threads)
     t = time.perf_counter()
     gen = Generator(load_model(a.model))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from mtcommon.allocator import reuse_freed_memory
 from mtcommon.cliutil import OneLineGroup
 
 from . import __version__
@@ -14,6 +15,7 @@ from .commands import analyze, generate, ini, score, train
 @click.version_option(__version__, prog_name="moses-rnn")
 def main():
     """RNN Encoder-Decoder phrase scores for Moses phrase tables (Cho et al., 2014)."""
+    reuse_freed_memory()
 
 
 for command in (train.train, score.score, score.rescore_nbest, ini.ini, generate.sample, generate.translate,

@@ -23,6 +23,7 @@ from typing import Iterator
 
 import torch
 
+from mtcommon.allocator import reuse_freed_memory
 from mtcommon.runtime import exit_with_parent
 
 from ..formats.phrasetable import Window
@@ -92,6 +93,7 @@ def worker_main(parent: str, requests_fd: str, replies_fd: str) -> None:
     stops its workers. A thread takes each request as soon as it comes, so the parent never blocks sending a
     window while this process blocks sending the reply to an earlier one."""
     exit_with_parent(int(parent))
+    reuse_freed_memory()
     for sig in ("SIGINT", "SIGHUP"):
         if hasattr(signal, sig):
             signal.signal(getattr(signal, sig), signal.SIG_IGN)
