@@ -9,7 +9,6 @@ import sys
 import click
 
 from mtcommon import __version__
-from mtcommon.allocator import reuse_freed_memory
 from mtcommon.cliutil import (DEVICE, LR_SCHEDULE, QUIET, THREADS, Number, OneLineGroup, RegistryChoice,
                               explicit_options, fail_cleanly, feature_name, require_model_dir, stacked,
                               trainer_options)
@@ -109,7 +108,6 @@ def _presets():
 @click.version_option(__version__, prog_name="cslm")
 def main():
     """Continuous-space 7-gram language model (Schwenk, 2007; Cho et al., 2014): train, score, serve."""
-    reuse_freed_memory()
 
 
 @main.command()

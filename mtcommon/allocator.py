@@ -1,4 +1,4 @@
-"""The C library's allocator, set once per process by the command lines: large freed blocks kept for reuse.
+"""The C library's allocator, set once per process by `moses-rnn`: large freed blocks kept for reuse.
 
 By default glibc serves a block above 32 MB (and, once such blocks were freed, any block above the size
 last freed) with a fresh mmap and hands it back to the kernel when it is freed. A tensor of that size
@@ -6,7 +6,9 @@ allocated at every step (a beam's gathered attention context, a block of logits)
 zeroed pages every time: on the 2-core Xeon of docs/benchmarks.md a 49 MB gather took 24 ms this way,
 against 2.8 ms from the heap. `reuse_freed_memory` lets the allocator keep such blocks (at most
 KEEP_FREED_BYTES of freed memory above what the process uses), and the next step's tensors reuse them.
-No torch here: the command lines call it before they import anything heavy.
+`cslm` leaves it unset: its server hands a flood's payloads back as they are answered, and its
+tensors gained nothing measured from it. No torch here: the command line calls it before it imports
+anything heavy.
 """
 
 from __future__ import annotations

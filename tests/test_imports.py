@@ -144,7 +144,7 @@ def test_the_command_line_gathers_the_commands_which_only_the_command_line_impor
     commands = {m for m in g if m.startswith("moses_rnn.commands.")}
     assert commands == {f"moses_rnn.commands.{n}" for n in ("train", "score", "ini", "generate", "analyze")}
     # and the package's __version__, the group's class (one-line usage errors) that cslm's group shares, and the
-    # allocator's setting that both groups make before any command runs
+    # allocator's setting that the group makes before any command runs
     assert g["moses_rnn.cli"] == commands | {"moses_rnn", "mtcommon.cliutil", "mtcommon.allocator"}
     front = commands | {"moses_rnn.cli", "moses_rnn.commands"}
     assert not [f"{m} -> {d}" for m in g for d in g[m] if d in front and m != "moses_rnn.cli"]
