@@ -8,8 +8,9 @@ the server takes, another client sends one SCORE request of 16 n-grams and times
 Target: the other client answered within 1 s.
 Target: growth during the flood within the per-connection byte cap.
 The growth is the server's peak resident memory during the flood (the peak started again from the
-present size as the flood begins, where the kernel allows) above its warm size (after two frames of
-the same size were scored); the cap is `--max-conn-bytes`, two frames by default. Options it does
+present size as the flood begins, where the kernel allows) above its warm size: its peak scoring one
+batch alone (--max-batch n-grams), after two frames of the flood's size were scored; the cap is `--max-conn-bytes`, two frames by default, against which the
+server counts what its requests hold (their payloads and answers: `held_peak_mib`). Options it does
 not know go to `cslm serve` (`--max-pending 4`, say). Prints a JSON report (and writes it with --json).
 """
 
@@ -69,10 +70,11 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=60, help="SCORE frames the flooding client pipelines")
     ap.add_argument("--ngrams", type=int, default=200000, help="n-grams per flooding frame")
     ap.add_argument("--probes", type=int, default=5, help="single requests timed, one after another")
+    ap.add_argument("--max-batch", type=int, default=8192, help="the server's --max-batch (n-grams per engine call)")
     ap.add_argument("--json", help="also write the report here")
     args, extra = ap.parse_known_args()
 
-    proc, port = start_server(args.model_dir, extra)
+    proc, port = start_server(args.model_dir, ["--max-batch", str(args.max_batch), *extra])
     try:
         rng = np.random.default_rng(1)
         with Client("127.0.0.1", port, timeout=120) as warm:
@@ -82,9 +84,12 @@ def main() -> None:
             frame = P.frame(P.SCORE, 0, P.encode_score(grams))
             if len(frame) - P.HEADER_SIZE > max_frame:
                 sys.exit(f"bench_server_fairness: {args.ngrams} n-grams exceed the frame limit ({max_frame} bytes)")
-            warm.score(grams)  # the engine's working memory for a frame, before the flood
+            warm.score(grams)  # the server's heap as frames of this size leave it, before the flood
             warm.score(grams)
-        idle = rss_kib(proc.pid, "VmRSS")
+            # its working memory: one engine call's, which comes and goes with each batch, whoever sent it
+            peak_of_batch = reset_peak(proc.pid)
+            warm.score(grams[: args.max_batch])
+        warm = rss_kib(proc.pid, "VmHWM" if peak_of_batch else "VmRSS")
         peak_of_flood = reset_peak(proc.pid)  # the peak below is the flood's, not the warm-up's
 
         flood = socket.create_connection(("127.0.0.1", port))
@@ -110,6 +115,7 @@ def main() -> None:
                 other.score(small)
                 waits.append(time.perf_counter() - t0)
                 time.sleep(0.2)
+            held = other.stats()["buffered_bytes"]["peak"]
         peak = rss_kib(proc.pid, "VmHWM")
         flood.close()
         sender.join(5)
@@ -121,9 +127,11 @@ def main() -> None:
         "frames": args.frames, "ngrams_per_frame": args.ngrams, "frame_bytes": len(frame),
         "other_client_wait_s": {"median": float(np.median(waits)), "max": max(waits), "all": waits},
         "target_wait_s": 1.0, "wait_ok": max(waits) <= 1.0,
-        "server_rss_idle_mib": idle / 1024, "server_rss_peak_mib": peak / 1024,
-        "growth_mib": (peak - idle) / 1024, "peak_since": "the flood" if peak_of_flood else "the start",
+        "server_rss_warm_mib": warm / 1024, "warm_is": "the peak of one batch" if peak_of_batch else "the present size",
+        "server_rss_peak_mib": peak / 1024,
+        "growth_mib": (peak - warm) / 1024, "peak_since": "the flood" if peak_of_flood else "the start",
         "per_connection_cap_mib": cap / 2**20,
+        "held_peak_mib": held / 2**20,  # what the server counted its requests holding at most (STATS)
         "flood_bytes_mib": args.frames * len(frame) / 2**20,
     }
     emit(report, args.json)

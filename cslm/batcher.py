@@ -250,28 +250,31 @@ class Batcher:
                 await self.wakeup.wait()  # a new request, a connection gone, or the deadline
                 continue
             deadline = None
-            batch = self._take()
-            if not batch:
-                continue
-            total = sum(stop - start for _, start, stop in batch)
-            req, start, stop = batch[0]
-            rows = req.rows[start:stop] if len(batch) == 1 else \
-                np.concatenate([r.rows[a:b] for r, a, b in batch])
-            self.computing = True
-            try:
-                if total <= self.inline_rows:  # a thread hop would cost more than it saves
-                    logp, flags, seconds = self._timed(rows)
-                else:
-                    logp, flags, seconds = await loop.run_in_executor(self.pool, self._timed, rows)
-            except Exception as e:  # surfaces as an INTERNAL error on each request
-                for r, _, _ in batch:
-                    if not r.future.done():
-                        r.future.set_exception(e)
-                continue
-            finally:
-                self.computing = False
-            self._count(total, len(batch), seconds)
-            self._hand_back(batch, logp, flags)
+            await self._score_batch(self._take(), loop)
+
+    async def _score_batch(self, batch: list[tuple[Request, int, int]], loop: asyncio.AbstractEventLoop) -> None:
+        """Score one batch (`_take`) and hand each request its scores. Its own frame: the batch's requests,
+        rows and scores are no longer held once it returns (`run` waits for the next with none of them)."""
+        if not batch:
+            return
+        total = sum(stop - start for _, start, stop in batch)
+        req, start, stop = batch[0]
+        rows = req.rows[start:stop] if len(batch) == 1 else np.concatenate([r.rows[a:b] for r, a, b in batch])
+        self.computing = True
+        try:
+            if total <= self.inline_rows:  # a thread hop would cost more than it saves
+                logp, flags, seconds = self._timed(rows)
+            else:
+                logp, flags, seconds = await loop.run_in_executor(self.pool, self._timed, rows)
+        except Exception as e:  # surfaces as an INTERNAL error on each request
+            for r, _, _ in batch:
+                if not r.future.done():
+                    r.future.set_exception(e)
+            return
+        finally:
+            self.computing = False
+        self._count(total, len(batch), seconds)
+        self._hand_back(batch, logp, flags)
 
     def _take(self) -> list[tuple[Request, int, int]]:
         """Up to max_batch rows, one slice per connection per turn: [(request, first row, end row)]."""

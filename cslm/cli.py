@@ -377,9 +377,10 @@ def rescore_nbest(paths, output, feature, server, kenlm, mix, source, device, th
               help="Requests one connection may have read and not yet answered; at the cap it is not read further "
                    "until one is answered.")
 @click.option("--max-conn-bytes", type=click.IntRange(min=1),
-              help="Request bytes one connection may have read and not yet answered [2 x --max-frame].")
+              help="Bytes one connection's requests read and not yet answered may hold: their payloads and what "
+                   "answering them makes (10 bytes an n-gram) [2 x --max-frame].")
 @click.option("--max-total-bytes", type=click.IntRange(min=1),
-              help="Request bytes all connections together may have read and not yet answered [16 x --max-frame].")
+              help="The same for all connections together [16 x --max-frame].")
 @click.option("--kenlm", type=click.Path(exists=True, dir_okay=False), help="Back-off mode: score unknown words with this n-gram model.")
 @click.option("--self-normalized", is_flag=True,
               help="Unnormalised scores o_w (no softmax; premultiplied first layer): ln P only for a model "

@@ -30,7 +30,7 @@ class ServerConfig:
     frame_timeout: float = 30.0  # seconds for a frame to arrive whole once begun, and for a reply to be taken
     max_connections: int | None = None  # None: what the open-file limit leaves room for (`connection_limit`)
     max_pending: int = 16  # requests one connection may have read and not yet answered
-    max_conn_bytes: int | None = None  # payload bytes one connection may have read and not answered [2 frames]
+    max_conn_bytes: int | None = None  # bytes one connection's requests read and not answered may hold [2 frames]
     max_total_bytes: int | None = None  # the same over all connections [16 frames]
     log_interval: float = 10.0  # seconds between two stderr lines about one kind of event
 
@@ -105,7 +105,7 @@ def connection_limit(asked: int | None = None, fds: int | None = None) -> int:
 
 
 class ByteBudget:
-    """Bytes of requests read and not yet answered, held within `cap`: `take` waits until they fit.
+    """Bytes that requests read and not yet answered hold, within `cap`: `wait_for` waits until more fit.
 
     Waiters are woken in turn as bytes are given back; each checks again (others may have taken the room).
     Used on the event loop's thread only.
@@ -116,7 +116,8 @@ class ByteBudget:
         self._waiters: list[asyncio.Future] = []
 
     def fits(self, n: int) -> bool:
-        return self.used + n <= self.cap
+        """Whether `n` more bytes fit; into an empty budget anything does (a request alone is always taken)."""
+        return not self.used or self.used + n <= self.cap
 
     async def wait_for(self, n: int) -> None:
         """Wait until `n` more bytes fit (without taking them)."""

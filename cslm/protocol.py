@@ -151,6 +151,25 @@ def scores_frame(request_id: int, logp: np.ndarray, flags: np.ndarray) -> bytear
     return buf
 
 
+# The leading bytes of a SCORE / SCORE_TEXT payload that give its n-gram count (`held_bytes`)
+COUNT_PREFIX = {SCORE: 8, SCORE_TEXT: 4}
+
+
+def held_bytes(type_: int, length: int, prefix: bytes, order: int) -> int:
+    """Bytes a request of `length` payload bytes holds in the server until its reply is taken: the payload, and
+    for SCORE and SCORE_TEXT what answering it makes: the scores and flags (5 bytes an n-gram), the SCORES
+    frame built from them (`scores_frame`: 5 more, and its head), and a text request's padded rows (4 bytes a
+    word of the `order`). `prefix`: the payload's first COUNT_PREFIX[type_] bytes (fewer if it is shorter).
+    A count the length cannot carry is bounded by what it can; the payload's decoding rejects it."""
+    if type_ not in COUNT_PREFIX or len(prefix) < COUNT_PREFIX[type_]:
+        return length
+    (count,) = struct.unpack_from("<I", prefix)
+    if type_ == SCORE:  # 8 + 4 * count * n bytes, n >= 1
+        return length + 10 * min(count, (length - 8) // 4) + HEADER_SIZE + 4
+    per_gram = 10 + 4 * order  # at least one byte a text n-gram: an empty item and its newline
+    return length + per_gram * min(count, length - 3) + HEADER_SIZE + 4
+
+
 def encode_scores(logp: np.ndarray, flags: np.ndarray) -> bytes:
     """The payload of a SCORES frame (`scores_frame` without its header)."""
     return bytes(memoryview(scores_frame(0, logp, flags))[HEADER_SIZE:])

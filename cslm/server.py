@@ -9,9 +9,9 @@ Robustness: frames over `max_frame` bytes, unknown types, bad payloads and reque
 get an ERROR reply and that connection is closed; other connections never notice. A connection silent for
 `idle_timeout` seconds is closed; so is one whose frame, once begun, has not arrived whole within
 `frame_timeout` seconds, or whose client has not taken a reply within as long. A connection with
-`max_pending` requests read and not yet answered, or `max_conn_bytes` of their payloads, is not read
-further until one is answered (the client waits in its socket: backpressure), and all connections together
-hold at most `max_total_bytes`. Non-finite scores are never sent: such a request gets an ERROR reply.
+`max_pending` requests read and not yet answered, or whose requests hold `max_conn_bytes` (their payloads and
+what answering them makes: `protocol.held_bytes`), is not read further until one is answered (the client
+waits in its socket: backpressure), and all connections together hold at most `max_total_bytes`. Non-finite scores are never sent: such a request gets an ERROR reply.
 
 Connections are limited (`max_connections`, by default what the open-file limit leaves room for). At the
 limit a new connection closes the least recently active one without a request in flight, idle or
@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import mmap
 import os
 import signal
 import sys
@@ -65,16 +66,19 @@ else:  # pragma: no cover
 READ_PIECE = 1 << 16
 
 
-async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes | bytearray:
-    """A frame's payload of `length` bytes. `StreamReader.readexactly` gathers all of them in the reader's
-    buffer, then copies them out: a large frame was held twice while it was read. One larger than READ_PIECE
-    is copied piece by piece into one buffer instead, so that the reader holds no more than a piece or two
-    (the rest waits in the socket until it is read). IncompleteReadError if the client goes away first, as
-    readexactly."""
+async def _read_payload(reader: asyncio.StreamReader, length: int, prefix: bytes = b"") -> bytes | mmap.mmap:
+    """A frame's payload of `length` bytes, of which `prefix` was read already. `StreamReader.readexactly`
+    gathers all of them in the reader's buffer, then copies them out: a large frame was held twice while it was
+    read. One larger than READ_PIECE is copied piece by piece into one buffer instead, so that the reader holds
+    no more than a piece or two (the rest waits in the socket until it is read). That buffer is pages of its
+    own (an anonymous mapping), given back to the system when the request lets go of it: from the C library's
+    heap, a freed payload's room stayed with the process, in pieces among the engine's and the replies' blocks.
+    IncompleteReadError if the client goes away first, as readexactly."""
     if length <= READ_PIECE:
-        return await reader.readexactly(length)
-    payload = bytearray(length)
-    view, at = memoryview(payload), 0
+        return prefix + await reader.readexactly(length - len(prefix))
+    payload = mmap.mmap(-1, length)
+    payload[: len(prefix)] = prefix
+    view, at = memoryview(payload), len(prefix)
     while at < length:
         piece = await reader.read(min(READ_PIECE, length - at))
         if not piece:
@@ -99,7 +103,7 @@ class _Conn:
     def __init__(self, task: asyncio.Task):
         self.task = task
         self.pending: set[asyncio.Task] = set()  # its score requests read and not yet answered
-        self.bytes = 0  # payload bytes of its requests read and not yet answered
+        self.bytes = 0  # bytes its requests read and not yet answered hold (`protocol.held_bytes`)
         self.awaiting = False  # waiting for the first byte of a frame
         self.receiving = False  # in the middle of a frame
         self.released = asyncio.Event()  # set when one of its requests is answered
@@ -291,9 +295,15 @@ class Server:
                                           f"frame of {length} bytes exceeds the limit of {cfg.max_frame}")
                 if type_ not in P.REQUEST_TYPES:
                     raise P.ProtocolError(P.E_UNKNOWN_TYPE, f"unknown frame type 0x{type_:02x}")
-                await self._admit(conn, length)  # no deadline: the server, not the client, holds it up
-                taken = length
-                payload = await _within(_read_payload(reader, length), loop.time() + cfg.frame_timeout)
+                # a score request's count, from its payload's first bytes: what answering it will hold
+                prefix = b""
+                if type_ in P.COUNT_PREFIX:
+                    prefix = await _within(reader.readexactly(min(length, P.COUNT_PREFIX[type_])),
+                                           loop.time() + cfg.frame_timeout)
+                held = P.held_bytes(type_, length, prefix, self.engine.order)
+                await self._admit(conn, held)  # no deadline: the server, not the client, holds it up
+                taken = held
+                payload = await _within(_read_payload(reader, length, prefix), loop.time() + cfg.frame_timeout)
                 conn.receiving = False
                 t0 = time.perf_counter()
                 self.stats.requests[type_] += 1
@@ -316,11 +326,13 @@ class Server:
                     else:
                         self._spawn(conn, self._score(writer, conn, rid, rows, None, t0), taken)
                         taken = 0  # given back when that request is answered
+                    del rows  # held by its request alone, not by this loop until the next frame's
                 elif type_ == P.SCORE_TEXT:
                     grams = P.decode_score_text(payload, self.engine.order)
                     del payload
                     self._spawn(conn, self._score(writer, conn, rid, self.engine.word_rows(grams), grams, t0), taken)
                     taken = 0
+                    del grams
                 elif type_ == P.LOOKUP:
                     words = P.decode_lookup(payload)
                     writer.write(P.frame(P.LOOKUP | P.REPLY, rid, P.encode_ids(self.engine.vocab.encode(words))))
@@ -344,9 +356,10 @@ class Server:
                     self._release(conn, taken)
 
     async def _admit(self, conn: _Conn, length: int) -> None:
-        """Wait until `length` more payload bytes fit this connection's and the server's budgets; take them."""
+        """Wait until a request that holds `length` bytes (`protocol.held_bytes`) fits this connection's and the
+        server's budgets; take them. A request is admitted alone whatever it holds (the frame limit bounds it)."""
         while True:
-            if conn.bytes + length > self.cfg.max_conn_bytes:
+            if conn.bytes and conn.bytes + length > self.cfg.max_conn_bytes:
                 conn.released.clear()
                 await conn.released.wait()
             elif not self.budget.fits(length):

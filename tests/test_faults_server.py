@@ -192,7 +192,25 @@ def test_connections_stalled_mid_frame_make_room_for_new_clients(engine):  # noq
 
 
 # -- 9, 10. caps per connection and in all, fairness -------------------------------------------------------------
-@pytest.mark.parametrize("cap", [{"max_pending": 2}, {"max_frame": 3000, "max_conn_bytes": 6000}])
+# a request of ROWS 7-grams: its 2,808-byte payload, its scores and flags, and its 1,516-byte reply
+HELD = 8 + 28 * ROWS + 10 * ROWS + P.HEADER_SIZE + 4
+
+
+def test_a_score_request_holds_its_payload_its_scores_and_its_reply():
+    grams = np.arange(5 * 3, dtype=np.int32).reshape(5, 3)
+    for type_, payload in ((P.SCORE, P.encode_score(grams)),
+                           (P.SCORE_TEXT, P.encode_score_text([" ".join(map(str, g)) for g in grams]))):
+        reply = P.scores_frame(1, np.zeros(5, np.float32), np.zeros(5, np.uint8))
+        rows = 4 * 7 * 5 if type_ == P.SCORE_TEXT else 0  # a text request's ids, padded to the order
+        assert P.held_bytes(type_, len(payload), payload[:P.COUNT_PREFIX[type_]], 7) == \
+            len(payload) + 5 * 5 + len(reply) + rows
+    # a count its payload cannot carry is bounded by what it can (decoding the payload then rejects it)
+    lie = P.encode_score(grams)[:8] + bytes(12)
+    assert P.held_bytes(P.SCORE, len(lie), lie[:8], 7) == len(lie) + 10 * 3 + P.HEADER_SIZE + 4
+    assert P.held_bytes(P.STATS, 0, b"", 7) == 0
+
+
+@pytest.mark.parametrize("cap", [{"max_pending": 2}, {"max_frame": 3000, "max_conn_bytes": 2 * HELD + 100}])
 def test_a_connection_that_floods_is_read_no_further_than_its_caps(engine, cap):  # noqa: F811
     gated = GatedEngine(engine)
     gated.gate.clear()
@@ -217,16 +235,16 @@ def test_a_connection_that_floods_is_read_no_further_than_its_caps(engine, cap):
 
 def test_unfinished_frames_hold_no_more_than_the_global_cap(engine):  # noqa: F811
     frame = P.frame(P.SCORE, 3, P.encode_score(random_ngrams(engine, ROWS, 7, seed=3)))  # 2,808-byte payload
-    s = ServerThread(engine, max_frame=3000, max_conn_bytes=3000, max_total_bytes=6000)
+    # each connection's request alone holds more than its cap (admitted all the same); two fit the global one
+    s = ServerThread(engine, max_frame=3000, max_conn_bytes=3000, max_total_bytes=2 * HELD + 100)
     try:
         socks = [raw_connection(s.port) for _ in range(4)]
         for sock in socks:
             sock.sendall(frame[:-1])  # all but its last byte
-        wait_for(lambda: stats(s.port)["buffered_bytes"]["now"] == 2 * (len(frame) - P.HEADER_SIZE),
-                 "two frames admitted")
+        wait_for(lambda: stats(s.port)["buffered_bytes"]["now"] == 2 * HELD, "two frames admitted")
         time.sleep(0.3)
         held = stats(s.port)["buffered_bytes"]
-        assert held["now"] == 2 * (len(frame) - P.HEADER_SIZE) and held["peak"] <= 6000, held  # two of four
+        assert held["now"] == 2 * HELD and held["peak"] <= 2 * HELD + 100, held  # two of four
         for sock in socks:  # each finished frame makes room for the next
             sock.sendall(frame[-1:])
         for sock in socks:
