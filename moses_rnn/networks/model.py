@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from .modelbase import ModelConfig, OutputLayer, PhraseModel, prev_embeddings
+from .modelbase import ModelConfig, OutputLayer, PhraseModel, prev_embeddings, steps
 
 
 class Encoder(nn.Module):
@@ -42,11 +42,11 @@ class Encoder(nn.Module):
         H = self.hidden
         x = self.W(self.embed(src))  # input projections of every step at once
         h = src.new_zeros((B, H), dtype=x.dtype)  # h_0 = 0
-        for t in range(T):
-            x_h, x_z, x_r = x[:, t, :H], x[:, t, H : 2 * H], x[:, t, 2 * H :]
-            zr = self.U_zr(h)
-            z = torch.sigmoid(x_z + zr[:, :H])  # Eq. 6: update gate
-            r = torch.sigmoid(x_r + zr[:, H:])  # Eq. 5: reset gate
+        for t, x_t in enumerate(steps(x)):
+            x_h, x_z, x_r = x_t.split(H, dim=-1)
+            u_z, u_r = self.U_zr(h).split(H, dim=-1)
+            z = torch.sigmoid(x_z + u_z)  # Eq. 6: update gate
+            r = torch.sigmoid(x_r + u_r)  # Eq. 5: reset gate
             h_tilde = torch.tanh(x_h + self.U(r * h))  # Eq. 8: reset applied to h before U
             h_new = z * h + (1.0 - z) * h_tilde  # Eq. 7
             h = torch.where(mask[:, t, None], h_new, h)  # padding leaves h unchanged
@@ -94,10 +94,10 @@ class Decoder(nn.Module):
     def step(self, x: torch.Tensor, h: torch.Tensor, Cc: torch.Tensor) -> torch.Tensor:
         """One GRU step. x = W' e(y_{t-1}) [..., 3H], h = h'_{t-1}, Cc = C c (broadcast) -> h'_t."""
         H = self.hidden
-        u = self.U(h)
-        z = torch.sigmoid(x[..., H : 2 * H] + u[..., H : 2 * H] + Cc[..., H : 2 * H])  # update gate z'
-        r = torch.sigmoid(x[..., 2 * H :] + u[..., 2 * H :] + Cc[..., 2 * H :])  # reset gate r'
-        h_tilde = torch.tanh(x[..., :H] + r * (u[..., :H] + Cc[..., :H]))  # r' ⊙ [U' h' + C c]
+        (x_h, x_z, x_r), (u_h, u_z, u_r), (c_h, c_z, c_r) = (a.split(H, dim=-1) for a in (x, self.U(h), Cc))
+        z = torch.sigmoid(x_z + u_z + c_z)  # update gate z'
+        r = torch.sigmoid(x_r + u_r + c_r)  # reset gate r'
+        h_tilde = torch.tanh(x_h + r * (u_h + c_h))  # r' ⊙ [U' h' + C c]
         return z * h + (1.0 - z) * h_tilde
 
     def readout(self, h: torch.Tensor, e_prev: torch.Tensor, Oc: torch.Tensor) -> torch.Tensor:
@@ -111,8 +111,8 @@ class Decoder(nn.Module):
         x = self.W(e_prev)
         h = ctx.h0
         states = []
-        for t in range(tgt.shape[1]):
-            h = self.step(x[:, t], h, ctx.Cc)
+        for x_t in steps(x):
+            h = self.step(x_t, h, ctx.Cc)
             states.append(h)
         hs = torch.stack(states, dim=1)
         return self.readout(hs, e_prev, ctx.Oc[:, None, :])

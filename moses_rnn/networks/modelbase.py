@@ -111,6 +111,13 @@ def prev_embeddings(embed: nn.Embedding, tgt: torch.Tensor) -> torch.Tensor:
     return torch.cat([e.new_zeros(e.shape[0], 1, e.shape[2]), e], dim=1)
 
 
+def steps(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A recurrence's per-step inputs [B, T, ...] as T views [B, ...]. Their gradients come back as one
+    stacked tensor; a slice x[:, t] per step gave back a zero-filled [B, T, ...] of its own, T of them added
+    together (with the gates' slices, a fifth of a `small` training step)."""
+    return x.unbind(1)
+
+
 class OutputLayer(nn.Module):
     """The softmax over the target shortlist, from maxout outputs s [..., M].
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .modelbase import ModelConfig, OutputLayer, PhraseModel, prev_embeddings
+from .modelbase import ModelConfig, OutputLayer, PhraseModel, prev_embeddings, steps
 
 
 class GRULayer(nn.Module):
@@ -39,11 +39,13 @@ class GRULayer(nn.Module):
         x = self.W(emb)  # input projections of every position at once
         h = x.new_zeros(B, H)  # h_0 = 0 (h<-_{T+1} = 0 for the backward layer)
         out = [None] * T
+        xs = steps(x)
         for j in (range(T - 1, -1, -1) if reverse else range(T)):
-            zr = self.U_zr(h)
-            z = torch.sigmoid(x[:, j, H : 2 * H] + zr[:, :H])  # update gate z_j
-            r = torch.sigmoid(x[:, j, 2 * H :] + zr[:, H:])  # reset gate r_j
-            h_tilde = torch.tanh(x[:, j, :H] + self.U(r * h))  # h~_j = tanh(W E x_j + U [r_j ∘ h_{j-1}])
+            x_h, x_z, x_r = xs[j].split(H, dim=-1)
+            u_z, u_r = self.U_zr(h).split(H, dim=-1)
+            z = torch.sigmoid(x_z + u_z)  # update gate z_j
+            r = torch.sigmoid(x_r + u_r)  # reset gate r_j
+            h_tilde = torch.tanh(x_h + self.U(r * h))  # h~_j = tanh(W E x_j + U [r_j ∘ h_{j-1}])
             h = torch.where(mask[:, j, None], (1.0 - z) * h + z * h_tilde, h)  # padding: state unchanged
             out[j] = h
         return torch.stack(out, dim=1)
@@ -121,10 +123,10 @@ class AttentionDecoder(nn.Module):
         """s_i from x = W E y_{i-1} [B, 3H], s = s_{i-1}, c = c_i (A.2.2)."""
         H = self.hidden
         U, U_zr = self.U.weight[:H], self.U.weight[H:]  # U, [U_z; U_r]
-        u, cc = F.linear(s, U_zr), self.C(c)
-        z = torch.sigmoid(x[:, H : 2 * H] + u[:, :H] + cc[:, H : 2 * H])  # z_i
-        r = torch.sigmoid(x[:, 2 * H :] + u[:, H:] + cc[:, 2 * H :])  # r_i
-        s_tilde = torch.tanh(x[:, :H] + F.linear(r * s, U) + cc[:, :H])  # tanh(W E y + U [r ∘ s] + C c)
+        (x_h, x_z, x_r), (u_z, u_r), (c_h, c_z, c_r) = (a.split(H, dim=-1) for a in (x, F.linear(s, U_zr), self.C(c)))
+        z = torch.sigmoid(x_z + u_z + c_z)  # z_i
+        r = torch.sigmoid(x_r + u_r + c_r)  # r_i
+        s_tilde = torch.tanh(x_h + F.linear(r * s, U) + c_h)  # tanh(W E y + U [r ∘ s] + C c)
         return (1.0 - z) * s + z * s_tilde  # s_i = (1 - z_i) ∘ s_{i-1} + z_i ∘ s~_i
 
     def readout(self, s_prev: torch.Tensor, e_prev: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -143,12 +145,12 @@ class AttentionDecoder(nn.Module):
         x = self.W(e_prev)
         s = ctx.s0
         states, contexts, alphas = [], [], []
-        for i in range(tgt.shape[1]):
+        for x_i in steps(x):
             alpha, c = self.attend(ctx, s)
             states.append(s)  # the readout uses s_{i-1}
             contexts.append(c)
             alphas.append(alpha)
-            s = self.gru(x[:, i], s, c)
+            s = self.gru(x_i, s, c)
         t = self.readout(torch.stack(states, 1), e_prev, torch.stack(contexts, 1))
         return t, torch.stack(alphas, 1)
 
