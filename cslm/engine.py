@@ -33,6 +33,13 @@ LN10 = math.log(10.0)
 # rows of the C++ evaluator's history cache, shared by its threads, as many as Moses's in-process mode keeps per
 # decoder thread (its `history-cache`, docs/moses-feature.md): 16,384 x the last layer x 4 bytes (16 MB for `small`)
 NATIVE_HISTORY_SLOTS = 16384
+# Histories whose output activations (one row of V words each) the exact softmax computes at once on a CPU
+# (`Engine.softmax_rows`, `_chunk`): as many as make 4 MB of float32, which stay in the cache from the product
+# through ln Z to the gather (a chunk's 2,048 histories at once made 82 MB for 10,000 words, each pass over them
+# from memory), but at least 256. Each block reads the output matrix (V x H) again: only a matrix of at most
+# 16 MB is read in blocks (the `paper` preset's 61 MB, whose hidden layers dominate, gained nothing).
+SOFTMAX_BLOCK = 1 << 20
+SOFTMAX_MIN_ROWS = 256
 
 
 class KenLMBackoff:
@@ -160,6 +167,8 @@ class Engine:
         self.bos_id, self.eos_id, self.unk_id = vocab.index[BOS], vocab.index[EOS], vocab.unk_id
         self.mode = "backoff" if backoff is not None else "unk"
         self.min_rows = max(32, 4 * torch.get_num_threads())
+        V, H = model.out.out_features, model.out.in_features
+        self.softmax_rows = max(SOFTMAX_MIN_ROWS, SOFTMAX_BLOCK // V) if V * H <= 4 * SOFTMAX_BLOCK else None
         self.train_self_norm: float | None = None  # alpha of the training's (ln Z)^2 penalty, if known (load())
         self.trained_self_normalized = False  # the (ln Z)^2 penalty or NCE in training (load())
         self._tables: torch.Tensor | None = None
@@ -383,13 +392,27 @@ class Engine:
 
     def _chunk(self, rows: np.ndarray, local: np.ndarray, targets: np.ndarray, width: int = 1) -> torch.Tensor:
         """ln P(targets[i] | rows[local[i]]) (and ln Z, width 2) for one chunk of (n-1)-word histories, on the
-        device."""
+        device. `local` is non-decreasing: `_run_chunks` groups the n-grams by history."""
         m = len(rows)
-        logits = self.model(self._padded(rows)).float()  # (C, V) activations o
-        log_z = torch.logsumexp(logits[:m], dim=1)  # ln sum_r exp(o_r), Eq. (2)'s normaliser; padding rows skipped
+        h = self.model.features(self._padded(rows))  # (C, H): the hidden layers of every history at once
         local, targets = upload([local, targets], self.device)
-        logp = logits[local, targets] - log_z[local]  # o_w - ln Z
-        return logp[:, None] if width == 1 else torch.stack([logp, log_z[local]], dim=1)
+        # On a CPU the output layer and its normaliser take the histories a block at a time (`softmax_rows`),
+        # so that a block's activations stay in the cache from the product through ln Z to the gather. `local`
+        # being non-decreasing, each block's n-grams are one run of them.
+        step = self.softmax_rows if self.device.type == "cpu" and self.softmax_rows else len(h)
+        starts = list(range(0, len(h), step))
+        if len(starts) > 1 and len(h) - starts[-1] < self.min_rows:
+            starts.pop()  # a last block as short as a padded chunk joins the block before it
+        cuts = torch.searchsorted(local, torch.tensor(starts[1:], dtype=local.dtype, device=local.device)).tolist()
+        logp, log_z = [], []
+        for a, b, lo, hi in zip(starts, starts[1:] + [len(h)], [0, *cuts], [*cuts, len(local)]):
+            logits = self.model.out(h[a:b]).float()  # (rows, V) activations o of the block's histories
+            z = torch.logsumexp(logits[: max(0, min(b, m) - a)], dim=1)  # ln sum_r exp(o_r), Eq. (2); no padding
+            at = local[lo:hi] - a
+            logp.append(logits[at, targets[lo:hi]] - z[at])  # o_w - ln Z
+            log_z.append(z[at])
+        logp, log_z = (torch.cat(x) if len(x) > 1 else x[0] for x in (logp, log_z))
+        return logp[:, None] if width == 1 else torch.stack([logp, log_z], dim=1)
 
     def _chunk_self_normalized(self, rows: np.ndarray, local: np.ndarray, targets: np.ndarray,
                                width: int = 1) -> torch.Tensor:

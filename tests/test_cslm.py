@@ -216,6 +216,21 @@ def test_engine_results_do_not_depend_on_the_batch(engine):
     assert np.array_equal(engine.score_ids(grams[::-1])[0], together[::-1])
 
 
+def test_the_softmax_in_blocks_of_histories_gives_the_whole_chunks_scores(cslm_model):
+    """`Engine._chunk` on a CPU: the output layer and ln Z a block of `softmax_rows` histories at a time, each
+    block's n-grams gathered from it; blocks of 40 (and a short last one joined to the one before) against one."""
+    whole, blocks = (Engine.load(str(cslm_model), device="cpu") for _ in range(2))
+    whole.softmax_rows, blocks.softmax_rows = None, 40
+    rng = np.random.default_rng(2)
+    hist = rng.integers(0, len(whole.vocab), size=(230, 6))
+    grams = np.concatenate([np.repeat(hist, 3, axis=0), rng.integers(0, len(whole.vocab), (690, 1))], axis=1)
+    grams = grams[rng.permutation(len(grams))].astype(np.int32)  # 230 histories, 3 n-grams each
+    for a, b in zip(whole.score_ids_log_z(grams), blocks.score_ids_log_z(grams)):
+        assert np.allclose(a, b, atol=1e-5)
+    assert np.allclose(whole.score_ids(grams)[0], blocks.score_ids(grams)[0], atol=1e-5)
+    assert np.allclose(whole.score_ids(grams[:5])[0], blocks.score_ids(grams[:5])[0], atol=1e-5)
+
+
 def test_short_ngrams_are_left_padded_with_bos(engine):
     ids = engine.vocab.encode(["w0", "w1"])
     short, _ = engine.score_ids(np.array([ids]))
