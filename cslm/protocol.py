@@ -166,7 +166,7 @@ def held_bytes(type_: int, length: int, prefix: bytes, order: int) -> int:
     (count,) = struct.unpack_from("<I", prefix)
     if type_ == SCORE:  # 8 + 4 * count * n bytes, n >= 1
         return length + 10 * min(count, (length - 8) // 4) + HEADER_SIZE + 4
-    per_gram = 10 + 4 * order  # at least one byte a text n-gram: an empty item and its newline
+    per_gram = 10 + 4 * order  # count items, joined by count - 1 newlines after the 4-byte count
     return length + per_gram * min(count, length - 3) + HEADER_SIZE + 4
 
 

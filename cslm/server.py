@@ -11,7 +11,8 @@ get an ERROR reply and that connection is closed; other connections never notice
 `frame_timeout` seconds, or whose client has not taken a reply within as long. A connection with
 `max_pending` requests read and not yet answered, or whose requests hold `max_conn_bytes` (their payloads and
 what answering them makes: `protocol.held_bytes`), is not read further until one is answered (the client
-waits in its socket: backpressure), and all connections together hold at most `max_total_bytes`. Non-finite scores are never sent: such a request gets an ERROR reply.
+waits in its socket: backpressure), and all connections together hold at most `max_total_bytes`.
+Non-finite scores are never sent: such a request gets an ERROR reply.
 
 Connections are limited (`max_connections`, by default what the open-file limit leaves room for). At the
 limit a new connection closes the least recently active one without a request in flight, idle or
