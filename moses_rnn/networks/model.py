@@ -38,7 +38,7 @@ class Encoder(nn.Module):
 
     def forward(self, src: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """src [B, T] ids, mask [B, T] bool (True on real words) -> c [B, H]."""
-        B, T = src.shape
+        B = src.shape[0]
         H = self.hidden
         x = self.W(self.embed(src))  # input projections of every step at once
         h = src.new_zeros((B, H), dtype=x.dtype)  # h_0 = 0

@@ -114,7 +114,7 @@ def prev_embeddings(embed: nn.Embedding, tgt: torch.Tensor) -> torch.Tensor:
 def steps(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """A recurrence's per-step inputs [B, T, ...] as T views [B, ...]. Their gradients come back as one
     stacked tensor; a slice x[:, t] per step gave back a zero-filled [B, T, ...] of its own, T of them added
-    together (with the gates' slices, a fifth of a `small` training step)."""
+    together (with the gates' slices, a seventh of a `small` training step)."""
     return x.unbind(1)
 
 
